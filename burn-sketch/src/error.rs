@@ -1,0 +1,67 @@
+//! The crate's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong when building or loading a sketched layer.
+///
+/// Library functions return it for bad input (invalid sizes, malformed checkpoints) instead of
+/// panicking, so an application can report the problem and carry on.
+#[derive(Debug, thiserror::Error)]
+pub enum SketchError {
+    /// A configuration value is out of range (a zero size, an odd sketch size, ...).
+    #[error("invalid `{name}` = {value}: {reason}")]
+    InvalidConfig {
+        /// The configuration field at fault.
+        name: &'static str,
+        /// Its value, as given.
+        value: usize,
+        /// Why the value cannot be used.
+        reason: &'static str,
+    },
+
+    /// A checkpoint lacks a tensor the layer needs.
+    #[error("checkpoint has no tensor `{key}`")]
+    MissingKey {
+        /// The full state-dict key that was looked up.
+        key: String,
+    },
+
+    /// A checkpoint tensor has a shape that does not fit the layer (or the other tensors).
+    #[error("tensor `{key}` has shape {found:?}, expected {expected}")]
+    ShapeMismatch {
+        /// The full state-dict key.
+        key: String,
+        /// The shape found in the file.
+        found: Vec<usize>,
+        /// A description of the shape that was expected.
+        expected: String,
+    },
+
+    /// A checkpoint tensor is stored in an element type we cannot convert to floats.
+    #[error("tensor `{key}` has unsupported dtype {dtype}")]
+    UnsupportedDtype {
+        /// The full state-dict key.
+        key: String,
+        /// The dtype as named by the file format.
+        dtype: String,
+    },
+
+    /// The file is not a valid safetensors file.
+    #[error("cannot parse safetensors file {path}: {message}")]
+    Format {
+        /// The file that was read.
+        path: PathBuf,
+        /// The parser's explanation.
+        message: String,
+    },
+
+    /// Reading or writing a file failed.
+    #[error("i/o error on {path}: {source}")]
+    Io {
+        /// The file that was accessed.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,45 @@
+//! Randomized sketched layers for Burn.
+//!
+//! [`SkLinear`] is a drop-in for `burn::nn::Linear` whose weight is the average of
+//! `num_terms` low-rank sketched terms (the layer of the PyTorch library Panther):
+//!
+//! ```text
+//! y = 1/(2T) · Σ_t ( x·S1_t·U1_t + x·U2_t·S2_t ) + bias
+//! ```
+//!
+//! `S1_t` (`[d_in, k]`) and `S2_t` (`[k, d_out]`) are trained; `U1_t`, `U2_t` are fixed random
+//! sign sketches. For `k ≪ d_in, d_out` the layer has far fewer parameters and FLOPs than the
+//! dense weight it replaces, and at initialisation it is an unbiased estimate of a dense layer
+//! (drawn at random, or an existing one via [`SkLinear::from_linear`]).
+//!
+//! The product runs through [`SketchBackend`], so backends with a faster implementation
+//! (the fused CubeCL kernels) are picked up with no change to model code.
+//!
+//! ```
+//! use burn::backend::{Autodiff, NdArray};
+//! use burn::tensor::Tensor;
+//! use burn_sketch::SkLinearConfig;
+//!
+//! type B = Autodiff<NdArray>;
+//! let device = Default::default();
+//! let layer = SkLinearConfig::new(64, 32, 2, 8).init::<B>(&device);
+//! let x = Tensor::<B, 3>::ones([4, 10, 64], &device);
+//! let y = layer.forward(x);
+//! assert_eq!(y.dims(), [4, 10, 32]);
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod backend;
+mod error;
+mod linear;
+pub mod panther;
+
+pub use backend::{SketchBackend, SketchWeights};
+pub use error::SketchError;
+pub use linear::{ParamCounts, SkLinear, SkLinearConfig};
+
+/// The README's examples, compiled and run as doctests so that they stay true.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1,0 +1,10 @@
+//! The sketched linear layer, a drop-in for `burn::nn::Linear`.
+
+mod config;
+mod init;
+mod module;
+
+pub use config::SkLinearConfig;
+pub use module::{ParamCounts, SkLinear};
+
+pub(crate) use init::fixed;

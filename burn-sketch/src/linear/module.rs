@@ -1,0 +1,194 @@
+//! The [`SkLinear`] module: its state, forward pass and conversions.
+
+use burn::module::{Content, DisplaySettings, Module, ModuleDisplay, Param};
+use burn::nn::Linear;
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+
+use super::SkLinearConfig;
+use crate::backend::{SketchBackend, SketchWeights};
+use crate::SketchError;
+
+/// A linear layer whose weight is a sum of low-rank sketched terms (Panther's `SKLinear`).
+///
+/// `y = 1/(2T) · Σ_t (x·S1_t·U1_t + x·U2_t·S2_t) + bias`
+///
+/// `S1s` and `S2s` are trained; the random sign sketches `U1s` and `U2s` are fixed at
+/// initialisation. With `T = num_terms` and `k = low_rank`, the layer has
+/// `T·k·(d_input + d_output)` trainable weights instead of `d_input·d_output`, and costs
+/// `2·n·2Tk·(d_input + d_output)` FLOPs for `n` rows instead of `2·n·d_input·d_output`.
+///
+/// Create it with [`SkLinearConfig`], or from a trained dense layer with
+/// [`SkLinear::from_linear`]. The tensors keep Panther's names and layouts, so
+/// [`crate::panther`] moves checkpoints between the two libraries.
+#[derive(Module, Debug)]
+#[module(custom_display)]
+pub struct SkLinear<B: Backend> {
+    /// Trainable left factors, `[T, d_input, k]`.
+    pub s1s: Param<Tensor<B, 3>>,
+    /// Trainable right factors, `[T, k, d_output]`.
+    pub s2s: Param<Tensor<B, 3>>,
+    /// Fixed sign sketches paired with `s1s`, `[T, k, d_output]`. Saved in records, never
+    /// trained (`require_grad` is off).
+    pub u1s: Param<Tensor<B, 3>>,
+    /// Fixed sign sketches paired with `s2s`, `[T, d_input, k]`. Saved in records, never
+    /// trained (`require_grad` is off).
+    pub u2s: Param<Tensor<B, 3>>,
+    /// Optional bias, `[d_output]`.
+    pub bias: Option<Param<Tensor<B, 1>>>,
+}
+
+/// Parameter counts of a [`SkLinear`], for comparison with the dense layer it replaces.
+///
+/// `Module::num_params` counts every tensor of the module, the fixed sketches included; this
+/// separates what is trained from what is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamCounts {
+    /// Weights updated by training: `S1s`, `S2s` and the bias.
+    pub trainable: usize,
+    /// Fixed sign sketches `U1s` and `U2s`: stored, but never trained.
+    pub fixed: usize,
+    /// Parameters of the dense `Linear` with the same sizes and bias.
+    pub dense: usize,
+}
+
+impl<B: Backend> SkLinear<B> {
+    /// Starts from a trained dense layer: the sketched layer estimates its weight without bias
+    /// (unbiased over the random sketches) and copies its bias exactly.
+    ///
+    /// Works for both of `Linear`'s storage layouts, since `Linear::weight` always reads as
+    /// `[d_input, d_output]`.
+    ///
+    /// # Panics
+    /// If `num_terms` or `low_rank` is zero; [`try_from_linear`](Self::try_from_linear)
+    /// returns the error instead.
+    pub fn from_linear(linear: &Linear<B>, num_terms: usize, low_rank: usize) -> Self {
+        Self::try_from_linear(linear, num_terms, low_rank)
+            .unwrap_or_else(|err| panic!("cannot convert Linear to SkLinear: {err}"))
+    }
+
+    /// [`from_linear`](Self::from_linear), returning an error for a zero `num_terms` or
+    /// `low_rank`.
+    pub fn try_from_linear(
+        linear: &Linear<B>,
+        num_terms: usize,
+        low_rank: usize,
+    ) -> Result<Self, SketchError> {
+        let weight = linear.weight.val();
+        let [d_input, d_output] = weight.dims();
+        SkLinearConfig::new(d_input, d_output, num_terms, low_rank)
+            .with_bias(linear.bias.is_some())
+            .validate()?;
+        let bias = linear.bias.as_ref().map(|b| b.val());
+        Ok(Self::from_dense_parts(weight, bias, num_terms, low_rank))
+    }
+
+    /// The size of the input features.
+    pub fn d_input(&self) -> usize {
+        self.s1s.dims()[1]
+    }
+
+    /// The size of the output features.
+    pub fn d_output(&self) -> usize {
+        self.s2s.dims()[2]
+    }
+
+    /// The number of sketched terms `T`.
+    pub fn num_terms(&self) -> usize {
+        self.s1s.dims()[0]
+    }
+
+    /// The rank `k` of each term.
+    pub fn low_rank(&self) -> usize {
+        self.s1s.dims()[2]
+    }
+
+    /// The configuration that describes this layer's sizes.
+    pub fn config(&self) -> SkLinearConfig {
+        SkLinearConfig::new(
+            self.d_input(),
+            self.d_output(),
+            self.num_terms(),
+            self.low_rank(),
+        )
+        .with_bias(self.bias.is_some())
+    }
+
+    /// The layer's four factor tensors, as the backend's sketched product takes them.
+    pub fn weights(&self) -> SketchWeights<B> {
+        SketchWeights {
+            s1s: self.s1s.val(),
+            s2s: self.s2s.val(),
+            u1s: self.u1s.val(),
+            u2s: self.u2s.val(),
+        }
+    }
+
+    /// The dense weight `[d_input, d_output]` that the layer applies:
+    /// `1/(2T)·Σ_t (S1_t·U1_t + U2_t·S2_t)`, so that `forward(x) = x·W + bias`.
+    pub fn to_dense_weight(&self) -> Tensor<B, 2> {
+        let (a, b) = self.weights().factors();
+        a.matmul(b).div_scalar(2.0 * self.num_terms() as f64)
+    }
+
+    /// Trainable, fixed and dense-equivalent parameter counts.
+    pub fn param_counts(&self) -> ParamCounts {
+        let (d_in, d_out) = (self.d_input(), self.d_output());
+        let factors = self.num_terms() * self.low_rank() * (d_in + d_out);
+        let bias = if self.bias.is_some() { d_out } else { 0 };
+        ParamCounts {
+            trainable: factors + bias,
+            fixed: factors,
+            dense: d_in * d_out + bias,
+        }
+    }
+}
+
+impl<B: SketchBackend> SkLinear<B> {
+    /// Applies the layer to the input's last dimension.
+    ///
+    /// Leading dimensions are flattened into rows, as `nn::Linear` does, and restored after.
+    ///
+    /// # Shapes
+    /// - input: `[..., d_input]`
+    /// - output: `[..., d_output]`
+    ///
+    /// # Panics
+    /// If the input's last dimension is not `d_input`.
+    pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
+        let dims = input.dims();
+        let d_input = self.d_input();
+        assert_eq!(
+            dims[D - 1],
+            d_input,
+            "SkLinear expects inputs whose last dimension is d_input = {d_input}, got shape {dims:?}"
+        );
+        let rows = dims[..D - 1].iter().product();
+        let output = B::sketched_linear(
+            input.reshape([rows, d_input]),
+            self.weights(),
+            self.bias.as_ref().map(|b| b.val()),
+        );
+        let mut out_dims = dims;
+        out_dims[D - 1] = self.d_output();
+        output.reshape(out_dims)
+    }
+}
+
+impl<B: Backend> ModuleDisplay for SkLinear<B> {
+    fn custom_settings(&self) -> Option<DisplaySettings> {
+        DisplaySettings::new()
+            .with_new_line_after_attribute(false)
+            .optional()
+    }
+
+    fn custom_content(&self, content: Content) -> Option<Content> {
+        content
+            .add("d_input", &self.d_input())
+            .add("d_output", &self.d_output())
+            .add("num_terms", &self.num_terms())
+            .add("low_rank", &self.low_rank())
+            .add("bias", &self.bias.is_some())
+            .optional()
+    }
+}

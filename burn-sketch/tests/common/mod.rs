@@ -1,0 +1,246 @@
+//! Backend-generic checks of `SkLinear`, instantiated per backend by `ndarray.rs` and
+//! `wgpu.rs` (one test binary per backend, so wgpu compiles its kernels once).
+
+#![allow(dead_code)]
+
+use burn::module::Module;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::record::{BinFileRecorder, FullPrecisionSettings};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Distribution, Tensor, TensorData};
+use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
+
+/// Shapes with odd and prime sizes, a size-1 case and a wide/narrow pair.
+pub const SHAPES: [(usize, usize, usize); 4] = [(7, 5, 3), (13, 11, 2), (1, 1, 1), (24, 9, 5)];
+pub const TERMS: [usize; 3] = [1, 2, 4];
+
+/// The backend's random generator is global: tests that seed it or draw from it hold this
+/// lock, so that the test harness's threads cannot interleave their draws.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub fn assert_close(actual: TensorData, expected: TensorData, what: &str) {
+    let actual = actual.convert::<f32>();
+    let expected = expected.convert::<f32>();
+    assert_eq!(actual.shape, expected.shape, "{what}: shapes differ");
+    let a = actual.to_vec::<f32>().unwrap();
+    let e = expected.to_vec::<f32>().unwrap();
+    let scale = e.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    for (i, (x, y)) in a.iter().zip(&e).enumerate() {
+        assert!(
+            (x - y).abs() <= 1e-4 * scale + 1e-6,
+            "{what}: element {i} is {x}, expected {y} (scale {scale})"
+        );
+    }
+}
+
+/// `y` written term by term, the formula of DESIGN.md with no concatenation trick.
+pub fn naive_forward<B: Backend>(layer: &SkLinear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let (t, d_in, d_out, k) = (
+        layer.num_terms(),
+        layer.d_input(),
+        layer.d_output(),
+        layer.low_rank(),
+    );
+    let term = |p: &Tensor<B, 3>, i: usize, rows: usize, cols: usize| {
+        p.clone().narrow(0, i, 1).reshape([rows, cols])
+    };
+    let mut y = Tensor::<B, 2>::zeros([x.dims()[0], d_out], &x.device());
+    for i in 0..t {
+        let s1 = term(&layer.s1s.val(), i, d_in, k);
+        let u1 = term(&layer.u1s.val(), i, k, d_out);
+        let u2 = term(&layer.u2s.val(), i, d_in, k);
+        let s2 = term(&layer.s2s.val(), i, k, d_out);
+        y = y + x.clone().matmul(s1).matmul(u1) + x.clone().matmul(u2).matmul(s2);
+    }
+    let y = y.div_scalar(2.0 * t as f64);
+    match &layer.bias {
+        Some(b) => y + b.val().unsqueeze_dim(0),
+        None => y,
+    }
+}
+
+fn dense_forward<B: Backend>(layer: &SkLinear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let y = x.matmul(layer.to_dense_weight());
+    match &layer.bias {
+        Some(b) => y + b.val().unsqueeze_dim(0),
+        None => y,
+    }
+}
+
+/// Forward equals `x·W_eff + b` and the per-term formula, for every T, odd sizes, with and
+/// without bias, and for rank-1, rank-2 and rank-3 inputs.
+pub fn forward_matches_references<B: SketchBackend>(device: &B::Device) {
+    let _serial = serial();
+    B::seed(device, 7);
+    for (d_in, d_out, k) in SHAPES {
+        for t in TERMS {
+            for bias in [true, false] {
+                let layer = SkLinearConfig::new(d_in, d_out, t, k)
+                    .with_bias(bias)
+                    .init::<B>(device);
+                let what = format!("d_in={d_in} d_out={d_out} k={k} T={t} bias={bias}");
+
+                let x3 = Tensor::<B, 3>::random([2, 3, d_in], Distribution::Default, device);
+                let x2 = x3.clone().reshape([6, d_in]);
+                let expected = naive_forward(&layer, x2.clone());
+                assert_close(
+                    dense_forward(&layer, x2.clone()).into_data(),
+                    expected.to_data(),
+                    &format!("dense weight vs naive, {what}"),
+                );
+                assert_close(
+                    layer.forward(x2.clone()).into_data(),
+                    expected.to_data(),
+                    &format!("rank-2 forward, {what}"),
+                );
+                assert_close(
+                    layer.forward(x3).reshape([6, d_out]).into_data(),
+                    expected.to_data(),
+                    &format!("rank-3 forward, {what}"),
+                );
+                let x1 = x2.clone().narrow(0, 4, 1).reshape([d_in]);
+                assert_close(
+                    layer.forward(x1).into_data(),
+                    expected.narrow(0, 4, 1).reshape([d_out]).into_data(),
+                    &format!("rank-1 forward, {what}"),
+                );
+            }
+        }
+    }
+}
+
+/// The gradients of `L = Σ y ⊙ g` equal DESIGN.md's closed forms; the sketches get none.
+pub fn gradients_match_closed_form<B: AutodiffBackend + SketchBackend>(device: &B::Device) {
+    let _serial = serial();
+    B::seed(device, 11);
+    for (d_in, d_out, k) in [(7, 5, 3), (16, 9, 4)] {
+        for t in [1, 3] {
+            let layer = SkLinearConfig::new(d_in, d_out, t, k).init::<B>(device);
+            let what = format!("d_in={d_in} d_out={d_out} k={k} T={t}");
+            let n = 6;
+            let x = Tensor::<B, 2>::random([n, d_in], Distribution::Default, device).require_grad();
+            let g = Tensor::<B, 2>::random([n, d_out], Distribution::Default, device);
+            let loss = (layer.forward(x.clone()) * g.clone()).sum();
+            let grads = loss.backward();
+            let dx_autodiff = x.grad(&grads).expect("input gradient");
+
+            assert!(layer.u1s.grad(&grads).is_none(), "U1s got a gradient ({what})");
+            assert!(layer.u2s.grad(&grads).is_none(), "U2s got a gradient ({what})");
+
+            let inner = |t: Tensor<B, 3>| t.inner();
+            let (x, g) = (x.inner(), g.inner());
+            let gs = g.clone().div_scalar(2.0 * t as f64);
+            let (s1s, s2s) = (inner(layer.s1s.val()), inner(layer.s2s.val()));
+            let (u1s, u2s) = (inner(layer.u1s.val()), inner(layer.u2s.val()));
+            let term = |p: &Tensor<B::InnerBackend, 3>, i: usize, rows: usize, cols: usize| {
+                p.clone().narrow(0, i, 1).reshape([rows, cols])
+            };
+
+            let mut dx = Tensor::<B::InnerBackend, 2>::zeros([n, d_in], &x.device());
+            let mut ds1 = Vec::new();
+            let mut ds2 = Vec::new();
+            for i in 0..t {
+                let s1 = term(&s1s, i, d_in, k);
+                let s2 = term(&s2s, i, k, d_out);
+                let u1 = term(&u1s, i, k, d_out);
+                let u2 = term(&u2s, i, d_in, k);
+                let gu1 = gs.clone().matmul(u1.transpose());
+                ds1.push(x.clone().transpose().matmul(gu1.clone()).unsqueeze_dim::<3>(0));
+                ds2.push(x.clone().matmul(u2.clone()).transpose().matmul(gs.clone()).unsqueeze_dim::<3>(0));
+                dx = dx + gu1.matmul(s1.transpose()) + gs.clone().matmul(s2.transpose()).matmul(u2.transpose());
+            }
+            let grad = |p: Option<_>, name: &str| -> TensorData {
+                let p: Tensor<B::InnerBackend, 3> =
+                    p.unwrap_or_else(|| panic!("{name} got no gradient ({what})"));
+                p.into_data()
+            };
+            assert_close(grad(layer.s1s.grad(&grads), "S1s"), Tensor::cat(ds1, 0).into_data(), &format!("dS1s, {what}"));
+            assert_close(grad(layer.s2s.grad(&grads), "S2s"), Tensor::cat(ds2, 0).into_data(), &format!("dS2s, {what}"));
+            let dbias = layer.bias.as_ref().unwrap().grad(&grads).expect("bias gradient");
+            assert_close(dbias.into_data(), g.sum_dim(0).reshape([d_out]).into_data(), &format!("dbias, {what}"));
+            assert_close(dx_autodiff.into_data(), dx.into_data(), &format!("dx, {what}"));
+        }
+    }
+}
+
+/// Two initialisations after the same `B::seed` are identical; a different seed differs.
+pub fn init_is_seeded<B: SketchBackend>(device: &B::Device) {
+    let _serial = serial();
+    let config = SkLinearConfig::new(9, 6, 2, 3);
+    let draw = |seed| {
+        B::seed(device, seed);
+        config.init::<B>(device).to_dense_weight().into_data()
+    };
+    let (a, b, c) = (draw(5), draw(5), draw(6));
+    assert_eq!(a, b, "same seed gave different layers");
+    assert_ne!(a, c, "different seeds gave the same layer");
+}
+
+/// A training step changes `S1s`, `S2s` and the bias but leaves the fixed sketches
+/// bit-for-bit alone.
+pub fn optimizer_leaves_sketches_alone<B: AutodiffBackend + SketchBackend>(device: &B::Device) {
+    let _serial = serial();
+    B::seed(device, 3);
+    let layer = SkLinearConfig::new(10, 4, 2, 3).init::<B>(device);
+    let before = layer.clone();
+    let x = Tensor::<B, 2>::random([5, 10], Distribution::Default, device);
+    let grads = layer.forward(x).powi_scalar(2).mean().backward();
+    let grads = GradientsParams::from_grads(grads, &layer);
+    let mut optim = AdamConfig::new().init();
+    let after = optim.step(0.1, layer, grads);
+
+    assert_eq!(before.u1s.val().into_data(), after.u1s.val().into_data());
+    assert_eq!(before.u2s.val().into_data(), after.u2s.val().into_data());
+    assert_ne!(before.s1s.val().into_data(), after.s1s.val().into_data());
+    assert_ne!(before.s2s.val().into_data(), after.s2s.val().into_data());
+    assert!(!after.u1s.is_require_grad() && !after.u2s.is_require_grad());
+}
+
+/// Saving with Burn's recorder and loading into a freshly initialised layer restores every
+/// tensor bit-for-bit (the sketches included), so outputs are identical.
+pub fn record_round_trip_is_exact<B: SketchBackend>(device: &B::Device) {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("layer");
+    let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+    let config = SkLinearConfig::new(11, 7, 3, 2);
+    B::seed(device, 1);
+    let layer = config.init::<B>(device);
+    layer.clone().save_file(path.clone(), &recorder).unwrap();
+    B::seed(device, 2);
+    let fresh = config.init::<B>(device);
+    assert_ne!(fresh.u1s.val().into_data(), layer.u1s.val().into_data());
+    let loaded = fresh.load_file(path, &recorder, device).unwrap();
+
+    for (a, b, name) in [
+        (&layer.s1s, &loaded.s1s, "s1s"),
+        (&layer.s2s, &loaded.s2s, "s2s"),
+        (&layer.u1s, &loaded.u1s, "u1s"),
+        (&layer.u2s, &loaded.u2s, "u2s"),
+    ] {
+        assert_eq!(a.val().into_data(), b.val().into_data(), "{name} changed");
+    }
+    let x = Tensor::<B, 2>::random([4, 11], Distribution::Default, device);
+    assert_eq!(
+        layer.forward(x.clone()).into_data(),
+        loaded.forward(x).into_data()
+    );
+}
+
+/// An input whose last dimension is not `d_input` panics with a message that says so.
+pub fn wrong_input_width_panics<B: SketchBackend>(device: &B::Device) {
+    let _serial = serial();
+    let layer = SkLinearConfig::new(8, 4, 1, 2).init::<B>(device);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        layer.forward(Tensor::<B, 2>::zeros([3, 7], device))
+    }));
+    let message = result.expect_err("a [3, 7] input must be rejected");
+    let message = message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(message.contains("d_input = 8"), "unhelpful panic: {message}");
+}

@@ -1,0 +1,40 @@
+//! `SkLinear` on the wgpu backend (in CI: Mesa's CPU Vulkan driver), and under autodiff.
+//! One binary for all wgpu tests, so the kernels are compiled once per run.
+
+mod common;
+
+use burn::backend::wgpu::WgpuDevice;
+use burn::backend::{Autodiff, Wgpu};
+
+type B = Wgpu;
+type AB = Autodiff<Wgpu>;
+
+#[test]
+fn forward_matches_references() {
+    common::forward_matches_references::<B>(&WgpuDevice::default());
+}
+
+#[test]
+fn gradients_match_closed_form() {
+    common::gradients_match_closed_form::<AB>(&WgpuDevice::default());
+}
+
+#[test]
+fn init_is_seeded() {
+    common::init_is_seeded::<B>(&WgpuDevice::default());
+}
+
+#[test]
+fn optimizer_leaves_sketches_alone() {
+    common::optimizer_leaves_sketches_alone::<AB>(&WgpuDevice::default());
+}
+
+#[test]
+fn record_round_trip_is_exact() {
+    common::record_round_trip_is_exact::<B>(&WgpuDevice::default());
+}
+
+#[test]
+fn wrong_input_width_panics() {
+    common::wrong_input_width_panics::<B>(&WgpuDevice::default());
+}
