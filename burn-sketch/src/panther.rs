@@ -59,14 +59,37 @@ pub fn load_sklinear<B: Backend>(
     let [t, d_input, k] = rank3(&key(S1S), &s1s)?;
     let [_, _, d_output] = rank3(&key(S2S), &s2s)?;
     if t == 0 || d_input == 0 || k == 0 {
-        return Err(shape_error(&key(S1S), &s1s, "[T, d_input, k], all non-zero"));
+        return Err(shape_error(
+            &key(S1S),
+            &s1s,
+            "[T, d_input, k], all non-zero",
+        ));
     }
     if d_output == 0 {
-        return Err(shape_error(&key(S2S), &s2s, "[T, k, d_output], all non-zero"));
+        return Err(shape_error(
+            &key(S2S),
+            &s2s,
+            "[T, k, d_output], all non-zero",
+        ));
     }
-    expect_shape(&key(S2S), &s2s, &[t, k, d_output], "[T, k, d_output] with T, k of S1s")?;
-    expect_shape(&key(U1S), &u1s, &[t, k, d_output], "[T, k, d_output] like S2s")?;
-    expect_shape(&key(U2S), &u2s, &[t, d_input, k], "[T, d_input, k] like S1s")?;
+    expect_shape(
+        &key(S2S),
+        &s2s,
+        &[t, k, d_output],
+        "[T, k, d_output] with T, k of S1s",
+    )?;
+    expect_shape(
+        &key(U1S),
+        &u1s,
+        &[t, k, d_output],
+        "[T, k, d_output] like S2s",
+    )?;
+    expect_shape(
+        &key(U2S),
+        &u2s,
+        &[t, d_input, k],
+        "[T, d_input, k] like S1s",
+    )?;
     if let Some(bias) = &bias {
         expect_shape(&key(BIAS), bias, &[d_output], "[d_output] of S2s")?;
     }

@@ -1,1 +1,4 @@
-//! placeholder
+//! Shared pieces of the burn-sketch examples: the MNIST data and the MLP they train.
+
+pub mod mlp;
+pub mod mnist;

@@ -6,8 +6,8 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 use super::SkLinearConfig;
-use crate::backend::{SketchBackend, SketchWeights};
 use crate::SketchError;
+use crate::backend::{SketchBackend, SketchWeights};
 
 /// A linear layer whose weight is a sum of low-rank sketched terms (Panther's `SKLinear`).
 ///

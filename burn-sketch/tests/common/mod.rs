@@ -127,8 +127,14 @@ pub fn gradients_match_closed_form<B: AutodiffBackend + SketchBackend>(device: &
             let grads = loss.backward();
             let dx_autodiff = x.grad(&grads).expect("input gradient");
 
-            assert!(layer.u1s.grad(&grads).is_none(), "U1s got a gradient ({what})");
-            assert!(layer.u2s.grad(&grads).is_none(), "U2s got a gradient ({what})");
+            assert!(
+                layer.u1s.grad(&grads).is_none(),
+                "U1s got a gradient ({what})"
+            );
+            assert!(
+                layer.u2s.grad(&grads).is_none(),
+                "U2s got a gradient ({what})"
+            );
 
             let inner = |t: Tensor<B, 3>| t.inner();
             let (x, g) = (x.inner(), g.inner());
@@ -148,20 +154,54 @@ pub fn gradients_match_closed_form<B: AutodiffBackend + SketchBackend>(device: &
                 let u1 = term(&u1s, i, k, d_out);
                 let u2 = term(&u2s, i, d_in, k);
                 let gu1 = gs.clone().matmul(u1.transpose());
-                ds1.push(x.clone().transpose().matmul(gu1.clone()).unsqueeze_dim::<3>(0));
-                ds2.push(x.clone().matmul(u2.clone()).transpose().matmul(gs.clone()).unsqueeze_dim::<3>(0));
-                dx = dx + gu1.matmul(s1.transpose()) + gs.clone().matmul(s2.transpose()).matmul(u2.transpose());
+                ds1.push(
+                    x.clone()
+                        .transpose()
+                        .matmul(gu1.clone())
+                        .unsqueeze_dim::<3>(0),
+                );
+                ds2.push(
+                    x.clone()
+                        .matmul(u2.clone())
+                        .transpose()
+                        .matmul(gs.clone())
+                        .unsqueeze_dim::<3>(0),
+                );
+                dx = dx
+                    + gu1.matmul(s1.transpose())
+                    + gs.clone().matmul(s2.transpose()).matmul(u2.transpose());
             }
             let grad = |p: Option<_>, name: &str| -> TensorData {
                 let p: Tensor<B::InnerBackend, 3> =
                     p.unwrap_or_else(|| panic!("{name} got no gradient ({what})"));
                 p.into_data()
             };
-            assert_close(grad(layer.s1s.grad(&grads), "S1s"), Tensor::cat(ds1, 0).into_data(), &format!("dS1s, {what}"));
-            assert_close(grad(layer.s2s.grad(&grads), "S2s"), Tensor::cat(ds2, 0).into_data(), &format!("dS2s, {what}"));
-            let dbias = layer.bias.as_ref().unwrap().grad(&grads).expect("bias gradient");
-            assert_close(dbias.into_data(), g.sum_dim(0).reshape([d_out]).into_data(), &format!("dbias, {what}"));
-            assert_close(dx_autodiff.into_data(), dx.into_data(), &format!("dx, {what}"));
+            assert_close(
+                grad(layer.s1s.grad(&grads), "S1s"),
+                Tensor::cat(ds1, 0).into_data(),
+                &format!("dS1s, {what}"),
+            );
+            assert_close(
+                grad(layer.s2s.grad(&grads), "S2s"),
+                Tensor::cat(ds2, 0).into_data(),
+                &format!("dS2s, {what}"),
+            );
+            let dbias = layer
+                .bias
+                .as_ref()
+                .unwrap()
+                .grad(&grads)
+                .expect("bias gradient");
+            assert_close(
+                dbias.into_data(),
+                g.sum_dim(0).reshape([d_out]).into_data(),
+                &format!("dbias, {what}"),
+            );
+            assert_close(
+                dx_autodiff.into_data(),
+                dx.into_data(),
+                &format!("dx, {what}"),
+            );
         }
     }
 }
@@ -242,5 +282,8 @@ pub fn wrong_input_width_panics<B: SketchBackend>(device: &B::Device) {
         .downcast_ref::<String>()
         .cloned()
         .unwrap_or_default();
-    assert!(message.contains("d_input = 8"), "unhelpful panic: {message}");
+    assert!(
+        message.contains("d_input = 8"),
+        "unhelpful panic: {message}"
+    );
 }

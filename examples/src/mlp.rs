@@ -1,0 +1,97 @@
+//! The MLP classifier the examples train, with sketched or dense hidden layers.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Linear, LinearConfig};
+use burn::tensor::Tensor;
+use burn::tensor::activation::relu;
+use burn::tensor::backend::Backend;
+use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
+
+/// Sizes of the MLP and how its hidden layers are built.
+#[derive(Config, Debug)]
+pub struct MlpConfig {
+    /// Input features (784 for 28×28 digits).
+    #[config(default = 784)]
+    pub d_input: usize,
+    /// Widths of the hidden layers.
+    #[config(default = "vec![512, 256]")]
+    pub hidden: Vec<usize>,
+    /// Output classes.
+    #[config(default = 10)]
+    pub classes: usize,
+    /// Sketched hidden layers: number of terms.
+    #[config(default = 1)]
+    pub num_terms: usize,
+    /// Sketched hidden layers: rank of each term.
+    #[config(default = 32)]
+    pub low_rank: usize,
+    /// Use dense `Linear` hidden layers instead (the baseline).
+    #[config(default = false)]
+    pub dense: bool,
+}
+
+/// An MLP whose hidden layers are either all sketched or all dense; the small output layer is
+/// always dense.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    sketched: Vec<SkLinear<B>>,
+    dense: Vec<Linear<B>>,
+    output: Linear<B>,
+}
+
+impl MlpConfig {
+    /// Initializes the model.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Mlp<B> {
+        let widths: Vec<usize> = std::iter::once(self.d_input)
+            .chain(self.hidden.iter().copied())
+            .collect();
+        let pairs = widths.windows(2).map(|w| (w[0], w[1]));
+        let (sketched, dense) = if self.dense {
+            let layers = pairs.map(|(i, o)| LinearConfig::new(i, o).init(device));
+            (Vec::new(), layers.collect())
+        } else {
+            let layers = pairs.map(|(i, o)| {
+                SkLinearConfig::new(i, o, self.num_terms, self.low_rank).init(device)
+            });
+            (layers.collect(), Vec::new())
+        };
+        let last = *widths.last().expect("at least the input width");
+        Mlp {
+            sketched,
+            dense,
+            output: LinearConfig::new(last, self.classes).init(device),
+        }
+    }
+}
+
+impl<B: SketchBackend> Mlp<B> {
+    /// Logits `[n, classes]` for inputs `[n, d_input]`.
+    pub fn forward(&self, mut x: Tensor<B, 2>) -> Tensor<B, 2> {
+        for layer in &self.sketched {
+            x = relu(layer.forward(x));
+        }
+        for layer in &self.dense {
+            x = relu(layer.forward(x));
+        }
+        self.output.forward(x)
+    }
+}
+
+impl<B: Backend> Mlp<B> {
+    /// Trainable parameters of the hidden layers, the part that sketching shrinks.
+    pub fn hidden_trainable_params(&self) -> usize {
+        let sketched: usize = self
+            .sketched
+            .iter()
+            .map(|l| l.param_counts().trainable)
+            .sum();
+        let dense: usize = self.dense.iter().map(|l| l.num_params()).sum();
+        sketched + dense
+    }
+
+    /// Trainable parameters of the whole model (fixed sketches excluded).
+    pub fn trainable_params(&self) -> usize {
+        self.hidden_trainable_params() + self.output.num_params()
+    }
+}
