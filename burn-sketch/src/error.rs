@@ -46,12 +46,21 @@ pub enum SketchError {
         dtype: String,
     },
 
-    /// The file is not a valid safetensors file.
-    #[error("cannot parse safetensors file {path}: {message}")]
+    /// The file is not a valid checkpoint (safetensors or PyTorch) file.
+    #[error("cannot parse checkpoint file {path}: {message}")]
     Format {
         /// The file that was read.
         path: PathBuf,
         /// The parser's explanation.
+        message: String,
+    },
+
+    /// A checkpoint tensor's data could not be decoded.
+    #[error("cannot decode tensor `{key}`: {message}")]
+    Decode {
+        /// The full state-dict key.
+        key: String,
+        /// The decoder's explanation.
         message: String,
     },
 

@@ -3,7 +3,8 @@
 //! Panther's `SKLinear` state dict holds `S1s`, `S2s`, `U1s`, `U2s` and an optional `bias`,
 //! with exactly the layouts of [`SkLinear`]'s fields. These functions read and write that
 //! state dict as a safetensors file (`safetensors.torch.save_file(model.state_dict(), path)`
-//! on the Python side), so trained weights move both ways. A whole Panther model's file holds
+//! on the Python side), so trained weights move both ways; [`load_sklinear`] also reads
+//! PyTorch's own `torch.save` files. A whole Panther model's file holds
 //! one such group per layer, each under its module path (`"encoder.0."`): pass it as `prefix`.
 
 use std::collections::HashMap;
@@ -24,8 +25,9 @@ const U1S: &str = "U1s";
 const U2S: &str = "U2s";
 const BIAS: &str = "bias";
 
-/// Reads the `SKLinear` stored under `prefix` (e.g. `""` or `"layers.0."`) in a safetensors
-/// file.
+/// Reads the `SKLinear` stored under `prefix` (e.g. `""` or `"layers.0."`) in a checkpoint
+/// file: a safetensors file, or a PyTorch `torch.save` file of the state dict (`.pt`/`.pth`,
+/// recognised by its content, read without PyTorch through `burn-store`).
 ///
 /// Every shape is checked against the others before any tensor is built: all four factors
 /// must agree on `T` and `k`, `S1s`/`U2s` on `d_input`, `S2s`/`U1s`/`bias` on `d_output`.
@@ -40,21 +42,80 @@ pub fn load_sklinear<B: Backend>(
         path: path.to_path_buf(),
         source,
     })?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|err| SketchError::Format {
+    let format_error = |message: String| SketchError::Format {
         path: path.to_path_buf(),
-        message: err.to_string(),
-    })?;
-
-    let key = |name: &str| format!("{prefix}{name}");
-    let get = |name: &str| {
-        file.tensor(&key(name))
-            .map_err(|_| SketchError::MissingKey { key: key(name) })
+        message,
     };
-    let s1s = get(S1S)?;
-    let s2s = get(S2S)?;
-    let u1s = get(U1S)?;
-    let u2s = get(U2S)?;
-    let bias = file.tensor(&key(BIAS)).ok();
+    // `torch.save` writes a zip archive (PyTorch ≥ 1.6) or, before that, a bare pickle.
+    if bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(&[0x80]) {
+        let reader = burn_store::pytorch::PytorchReader::new(path)
+            .map_err(|err| format_error(err.to_string()))?;
+        from_state_dict(&reader, prefix, device)
+    } else {
+        let file = SafeTensors::deserialize(&bytes).map_err(|err| format_error(err.to_string()))?;
+        from_state_dict(&file, prefix, device)
+    }
+}
+
+/// What loading needs of a checkpoint format: the shape of a named tensor without decoding
+/// it, then its values as floats.
+trait StateDict {
+    fn shape(&self, key: &str) -> Option<Vec<usize>>;
+    fn float_data(&self, key: &str) -> Result<TensorData, SketchError>;
+}
+
+impl StateDict for SafeTensors<'_> {
+    fn shape(&self, key: &str) -> Option<Vec<usize>> {
+        self.tensor(key).ok().map(|view| view.shape().to_vec())
+    }
+
+    fn float_data(&self, key: &str) -> Result<TensorData, SketchError> {
+        let view = self
+            .tensor(key)
+            .map_err(|_| SketchError::MissingKey { key: key.into() })?;
+        to_f32(key, &view)
+    }
+}
+
+impl StateDict for burn_store::pytorch::PytorchReader {
+    fn shape(&self, key: &str) -> Option<Vec<usize>> {
+        self.get(key).map(|snapshot| snapshot.shape.to_vec())
+    }
+
+    fn float_data(&self, key: &str) -> Result<TensorData, SketchError> {
+        let snapshot = self
+            .get(key)
+            .ok_or_else(|| SketchError::MissingKey { key: key.into() })?;
+        if !snapshot.dtype.is_float() {
+            return Err(SketchError::UnsupportedDtype {
+                key: key.into(),
+                dtype: format!("{:?}", snapshot.dtype),
+            });
+        }
+        let data = snapshot.to_data().map_err(|err| SketchError::Decode {
+            key: key.into(),
+            message: format!("{err:?}"),
+        })?;
+        Ok(data.convert::<f32>())
+    }
+}
+
+/// Checks the shapes of an `SKLinear`'s tensors under `prefix`, then builds the layer.
+fn from_state_dict<B: Backend>(
+    dict: &impl StateDict,
+    prefix: &str,
+    device: &B::Device,
+) -> Result<SkLinear<B>, SketchError> {
+    let key = |name: &str| format!("{prefix}{name}");
+    let shape = |name: &str| {
+        dict.shape(&key(name))
+            .ok_or_else(|| SketchError::MissingKey { key: key(name) })
+    };
+    let s1s = shape(S1S)?;
+    let s2s = shape(S2S)?;
+    let u1s = shape(U1S)?;
+    let u2s = shape(U2S)?;
+    let bias = dict.shape(&key(BIAS));
 
     let [t, d_input, k] = rank3(&key(S1S), &s1s)?;
     let [_, _, d_output] = rank3(&key(S2S), &s2s)?;
@@ -94,17 +155,17 @@ pub fn load_sklinear<B: Backend>(
         expect_shape(&key(BIAS), bias, &[d_output], "[d_output] of S2s")?;
     }
 
-    let tensor = |name: &str, view: &TensorView<'_>| -> Result<Tensor<B, 3>, SketchError> {
-        Ok(Tensor::from_data(to_f32(&key(name), view)?, device))
+    let tensor = |name: &str| -> Result<Tensor<B, 3>, SketchError> {
+        Ok(Tensor::from_data(dict.float_data(&key(name))?, device))
     };
     Ok(SkLinear {
-        s1s: Param::from_tensor(tensor(S1S, &s1s)?),
-        s2s: Param::from_tensor(tensor(S2S, &s2s)?),
-        u1s: fixed(tensor(U1S, &u1s)?),
-        u2s: fixed(tensor(U2S, &u2s)?),
-        bias: match &bias {
-            Some(view) => Some(Param::from_tensor(Tensor::from_data(
-                to_f32(&key(BIAS), view)?,
+        s1s: Param::from_tensor(tensor(S1S)?),
+        s2s: Param::from_tensor(tensor(S2S)?),
+        u1s: fixed(tensor(U1S)?),
+        u2s: fixed(tensor(U2S)?),
+        bias: match bias {
+            Some(_) => Some(Param::from_tensor(Tensor::from_data(
+                dict.float_data(&key(BIAS))?,
                 device,
             ))),
             None => None,
@@ -170,27 +231,27 @@ fn f32_data<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> (Vec<usize>, Ve
     (shape, values.iter().flat_map(|v| v.to_le_bytes()).collect())
 }
 
-fn rank3(key: &str, view: &TensorView<'_>) -> Result<[usize; 3], SketchError> {
-    <[usize; 3]>::try_from(view.shape()).map_err(|_| shape_error(key, view, "a rank-3 tensor"))
+fn rank3(key: &str, shape: &[usize]) -> Result<[usize; 3], SketchError> {
+    <[usize; 3]>::try_from(shape).map_err(|_| shape_error(key, shape, "a rank-3 tensor"))
 }
 
 fn expect_shape(
     key: &str,
-    view: &TensorView<'_>,
+    found: &[usize],
     shape: &[usize],
     what: &str,
 ) -> Result<(), SketchError> {
-    if view.shape() == shape {
+    if found == shape {
         Ok(())
     } else {
-        Err(shape_error(key, view, &format!("{shape:?} ({what})")))
+        Err(shape_error(key, found, &format!("{shape:?} ({what})")))
     }
 }
 
-fn shape_error(key: &str, view: &TensorView<'_>, expected: &str) -> SketchError {
+fn shape_error(key: &str, found: &[usize], expected: &str) -> SketchError {
     SketchError::ShapeMismatch {
         key: key.to_string(),
-        found: view.shape().to_vec(),
+        found: found.to_vec(),
         expected: expected.to_string(),
     }
 }

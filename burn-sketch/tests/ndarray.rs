@@ -310,3 +310,43 @@ fn malformed_panther_files_are_errors() {
         Err(SketchError::MissingKey { .. })
     ));
 }
+
+/// A PyTorch `torch.save` state dict (written by `tests/data/make_pytorch_fixture.py` in
+/// PyTorch's zip format) loads with the values it holds.
+#[test]
+fn panther_pytorch_files_load() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/sklinear.pt");
+    let layer = load_sklinear::<B>(&path, "fc.", &DEVICE).unwrap();
+    assert_eq!(
+        (
+            layer.num_terms(),
+            layer.d_input(),
+            layer.low_rank(),
+            layer.d_output()
+        ),
+        (2, 3, 2, 4)
+    );
+    let expected = |offset: usize, len: usize| -> Vec<f32> {
+        (0..len).map(|i| (i + offset) as f32 * 0.25).collect()
+    };
+    let values = |t: Tensor<B, 3>| t.into_data().to_vec::<f32>().unwrap();
+    assert_eq!(values(layer.s1s.val()), expected(0, 12));
+    assert_eq!(values(layer.s2s.val()), expected(100, 16));
+    assert_eq!(values(layer.u1s.val()), expected(200, 16));
+    assert_eq!(values(layer.u2s.val()), expected(300, 12));
+    let bias = layer.bias.as_ref().unwrap().val();
+    assert_eq!(bias.into_data().to_vec::<f32>().unwrap(), expected(400, 4));
+    assert!(!layer.u1s.is_require_grad());
+
+    assert!(matches!(
+        load_sklinear::<B>(&path, "", &DEVICE),
+        Err(SketchError::MissingKey { key }) if key == "S1s"
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let truncated = dir.path().join("truncated.pt");
+    std::fs::write(&truncated, &std::fs::read(&path).unwrap()[..200]).unwrap();
+    assert!(matches!(
+        load_sklinear::<B>(&truncated, "fc.", &DEVICE),
+        Err(SketchError::Format { .. })
+    ));
+}
