@@ -139,25 +139,27 @@ fn read_file(dir: &Path, name: &str) -> Result<(PathBuf, Vec<u8>), IdxError> {
 }
 
 fn header(bytes: &[u8], path: &Path, magic: u32, words: usize) -> Result<Vec<usize>, IdxError> {
-    if bytes.len() < 4 * words {
-        return Err(IdxError::Truncated {
-            path: path.to_path_buf(),
-            expected: 4 * words,
-            found: bytes.len(),
-        });
-    }
-    let fields: Vec<u32> = bytes[..4 * words]
-        .chunks_exact(4)
-        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    if fields[0] != magic {
+    let truncated = |expected: usize| IdxError::Truncated {
+        path: path.to_path_buf(),
+        expected,
+        found: bytes.len(),
+    };
+    // The magic number says which kind of file this is, so it is checked before the
+    // header length: a labels file handed to the images parser is a wrong file, not a
+    // truncated one.
+    let found = u32::from_be_bytes(bytes.get(..4).ok_or(truncated(4))?.try_into().unwrap());
+    if found != magic {
         return Err(IdxError::Magic {
             path: path.to_path_buf(),
-            found: fields[0],
+            found,
             expected: magic,
         });
     }
-    Ok(fields[1..].iter().map(|&v| v as usize).collect())
+    let fields = bytes.get(4..4 * words).ok_or(truncated(4 * words))?;
+    Ok(fields
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
+        .collect())
 }
 
 fn body(bytes: &[u8], path: &Path, offset: usize, len: usize) -> Result<Vec<u8>, IdxError> {
