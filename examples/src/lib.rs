@@ -1,4 +1,6 @@
 //! Shared pieces of the burn-sketch examples: the MNIST data and the MLP they train.
 
+pub mod data;
 pub mod mlp;
 pub mod mnist;
+pub mod training;

@@ -2,11 +2,15 @@
 
 use burn::config::Config;
 use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::Tensor;
 use burn::tensor::activation::relu;
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
 use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
+
+use crate::data::DigitBatch;
 
 /// Sizes of the MLP and how its hidden layers are built.
 #[derive(Config, Debug)]
@@ -93,5 +97,38 @@ impl<B: Backend> Mlp<B> {
     /// Trainable parameters of the whole model (fixed sketches excluded).
     pub fn trainable_params(&self) -> usize {
         self.hidden_trainable_params() + self.output.num_params()
+    }
+}
+
+impl<B: SketchBackend> Mlp<B> {
+    /// Logits, cross-entropy loss and targets of a batch, what burn-train's metrics read.
+    pub fn forward_classification(&self, batch: DigitBatch<B>) -> ClassificationOutput<B> {
+        let logits = self.forward(batch.images);
+        let loss = CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits.clone(), batch.targets.clone());
+        ClassificationOutput::new(loss, logits, batch.targets)
+    }
+}
+
+impl<B> TrainStep for Mlp<B>
+where
+    B: AutodiffBackend + SketchBackend,
+{
+    type Input = DigitBatch<B>;
+    type Output = ClassificationOutput<B>;
+
+    fn step(&self, batch: DigitBatch<B>) -> TrainOutput<ClassificationOutput<B>> {
+        let item = self.forward_classification(batch);
+        TrainOutput::new(self, item.loss.backward(), item)
+    }
+}
+
+impl<B: SketchBackend> InferenceStep for Mlp<B> {
+    type Input = DigitBatch<B>;
+    type Output = ClassificationOutput<B>;
+
+    fn step(&self, batch: DigitBatch<B>) -> ClassificationOutput<B> {
+        self.forward_classification(batch)
     }
 }

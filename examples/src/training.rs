@@ -1,0 +1,270 @@
+//! The MNIST training run behind the `train_mnist` example, driven by burn-train: its
+//! `SupervisedTraining` loop, metrics (loss, accuracy, CPU memory and use) on the TUI dashboard
+//! (plain progress lines when stdout is not a terminal), and a file checkpoint each epoch that
+//! `resume` continues from.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::config::Config;
+use burn::data::dataloader::DataLoaderBuilder;
+use burn::optim::AdamConfig;
+use burn::record::DefaultRecorder;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Int, Tensor};
+use burn::train::metric::{AccuracyMetric, CpuMemory, CpuUse, LossMetric};
+use burn::train::{Learner, SupervisedTraining};
+use burn_sketch::SketchBackend;
+
+use crate::data::{DigitBatch, DigitBatcher, DigitDataset};
+use crate::mlp::{Mlp, MlpConfig};
+use crate::mnist::{IdxError, Mnist};
+
+/// What a training run is asked to do.
+#[derive(Config, Debug)]
+pub struct TrainingConfig {
+    /// The model.
+    pub model: MlpConfig,
+    /// Passes over the training set.
+    #[config(default = 8)]
+    pub epochs: usize,
+    /// Digits per optimisation step.
+    #[config(default = 64)]
+    pub batch_size: usize,
+    /// Adam learning rate.
+    #[config(default = 1e-3)]
+    pub learning_rate: f64,
+    /// Seed of the initialisation and the shuffling.
+    #[config(default = 42)]
+    pub seed: u64,
+    /// Use only the first N training digits (quick runs).
+    #[config(default = "None")]
+    pub train_limit: Option<usize>,
+    /// Data-loading threads.
+    #[config(default = 2)]
+    pub workers: usize,
+}
+
+/// Why a run could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainingError {
+    /// The data could not be read.
+    #[error(transparent)]
+    Data(#[from] IdxError),
+    /// The run directory could not be prepared.
+    #[error("cannot prepare the run directory {path}: {source}")]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// `resume` was asked for a directory whose run had another configuration.
+    #[error("cannot resume {path}: it holds a run of another configuration ({reason})")]
+    ConfigMismatch {
+        /// The directory.
+        path: PathBuf,
+        /// What differs, or why the saved configuration could not be read.
+        reason: String,
+    },
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone)]
+pub struct TrainingReport {
+    /// Accuracy of the final model on the test set, in `[0, 1]`.
+    pub test_accuracy: f64,
+    /// Mean cross-entropy of the final model on the training digits.
+    pub train_loss: f64,
+    /// Trainable parameters of the hidden layers.
+    pub hidden_trainable_params: usize,
+    /// Trainable parameters of the whole model.
+    pub trainable_params: usize,
+    /// The epoch this run started from (0 for a fresh run).
+    pub resumed_from: usize,
+    /// Wall time of the training loop, in seconds.
+    pub seconds: f64,
+}
+
+/// The checkpoints of epoch `epoch` under `dir`.
+pub fn checkpoint_path(dir: &Path, epoch: usize) -> PathBuf {
+    dir.join("checkpoint").join(format!("model-{epoch}.mpk"))
+}
+
+/// The newest epoch with a model checkpoint under `dir`.
+pub fn latest_checkpoint(dir: &Path) -> Option<usize> {
+    std::fs::read_dir(dir.join("checkpoint"))
+        .ok()?
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name().into_string().ok()?;
+            name.strip_prefix("model-")?
+                .strip_suffix(".mpk")?
+                .parse()
+                .ok()
+        })
+        .max()
+}
+
+/// Trains on the MNIST files in `data_dir`, writing logs and checkpoints to `dir`.
+///
+/// A fresh run (`resume == false`) clears the logs and checkpoints of an earlier run in `dir`.
+/// With `resume`, it continues from the newest checkpoint in `dir` (the model, the optimizer
+/// state and the epoch count), provided `dir` holds a run of the same configuration.
+pub fn train<B>(
+    config: &TrainingConfig,
+    data_dir: &Path,
+    dir: &Path,
+    resume: bool,
+    device: &B::Device,
+) -> Result<TrainingReport, TrainingError>
+where
+    B: AutodiffBackend + SketchBackend,
+    B::InnerBackend: SketchBackend,
+{
+    let mut train_set = Mnist::read(data_dir, "train")?;
+    if let Some(limit) = config.train_limit {
+        train_set = train_set.truncate(limit);
+    }
+    let test_set = Mnist::read(data_dir, "t10k")?;
+    let resumed_from = prepare_dir(config, dir, resume)?;
+
+    B::seed(device, config.seed);
+    let model: Mlp<B> = config.model.init(device);
+    let train_data = DigitDataset::new(train_set);
+    let test_data = DigitDataset::new(test_set);
+    let loader_train = DataLoaderBuilder::new(DigitBatcher)
+        .batch_size(config.batch_size)
+        .shuffle(config.seed)
+        .num_workers(config.workers)
+        .build(train_data.clone());
+    let loader_test = DataLoaderBuilder::new(DigitBatcher)
+        .batch_size(config.batch_size.max(500))
+        .num_workers(config.workers)
+        .build(test_data.clone());
+
+    let mut training = SupervisedTraining::new(dir, loader_train, loader_test)
+        .metrics((AccuracyMetric::new(), LossMetric::new()))
+        .metric_train_numeric(CpuMemory::new())
+        .metric_train_numeric(CpuUse::new())
+        .with_file_checkpointer(DefaultRecorder::new())
+        .num_epochs(config.epochs)
+        .summary();
+    if resumed_from > 0 {
+        training = training.checkpoint(resumed_from);
+    }
+    tracing::info!(
+        "training {} for {} epochs (from epoch {resumed_from}), run directory {}",
+        describe(&config.model),
+        config.epochs,
+        dir.display()
+    );
+    let start = Instant::now();
+    let result = training.launch(Learner::new(
+        model,
+        AdamConfig::new().init(),
+        config.learning_rate,
+    ));
+    let seconds = start.elapsed().as_secs_f64();
+    // The renderer prints its summary when dropped: let it do so before the report.
+    drop(result.renderer);
+    let model = result.model;
+
+    let (train_loss, _) = evaluate(&model, &train_data, device);
+    let (_, test_accuracy) = evaluate(&model, &test_data, device);
+    Ok(TrainingReport {
+        test_accuracy,
+        train_loss,
+        hidden_trainable_params: model.hidden_trainable_params(),
+        trainable_params: model.trainable_params(),
+        resumed_from,
+        seconds,
+    })
+}
+
+/// A short description of the model, for logs and reports.
+pub fn describe(model: &MlpConfig) -> String {
+    if model.dense {
+        format!("dense MLP {:?}", model.hidden)
+    } else {
+        format!(
+            "sketched MLP {:?} (T={}, k={})",
+            model.hidden, model.num_terms, model.low_rank
+        )
+    }
+}
+
+/// Mean cross-entropy and accuracy of `model` over `data`.
+pub fn evaluate<B: SketchBackend>(
+    model: &Mlp<B>,
+    data: &DigitDataset,
+    device: &B::Device,
+) -> (f64, f64) {
+    use burn::data::dataloader::batcher::Batcher;
+    use burn::data::dataset::Dataset;
+
+    let (mut loss_sum, mut correct) = (0.0, 0i64);
+    let indices: Vec<usize> = (0..data.len()).collect();
+    for chunk in indices.chunks(500) {
+        let items = chunk.iter().filter_map(|&i| data.get(i)).collect();
+        let batch: DigitBatch<B> = DigitBatcher.batch(items, device);
+        let targets: Tensor<B, 1, Int> = batch.targets.clone();
+        let output = model.forward_classification(batch);
+        loss_sum += output.loss.into_scalar().elem::<f64>() * chunk.len() as f64;
+        let predicted = output.output.argmax(1).reshape([chunk.len()]);
+        correct += predicted
+            .equal(targets)
+            .int()
+            .sum()
+            .into_scalar()
+            .elem::<i64>();
+    }
+    let n = data.len().max(1) as f64;
+    (loss_sum / n, correct as f64 / n)
+}
+
+/// Clears an earlier run (fresh start) or finds the epoch to resume from, and saves the
+/// configuration next to the checkpoints.
+fn prepare_dir(config: &TrainingConfig, dir: &Path, resume: bool) -> Result<usize, TrainingError> {
+    let io = |source| TrainingError::Directory {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let saved = dir.join("config.json");
+    if resume {
+        if let Some(epoch) = latest_checkpoint(dir) {
+            let mismatch = |reason: String| TrainingError::ConfigMismatch {
+                path: dir.to_path_buf(),
+                reason,
+            };
+            let before = TrainingConfig::load(&saved).map_err(|e| mismatch(e.to_string()))?;
+            // Only the length of the run may change between a run and its continuation.
+            let comparable = |c: &TrainingConfig| {
+                let mut c = c.clone();
+                c.epochs = 0;
+                c.workers = 0;
+                c.to_string()
+            };
+            if comparable(&before) != comparable(config) {
+                return Err(mismatch(format!(
+                    "saved {}, asked {}",
+                    before.to_string(),
+                    config.to_string()
+                )));
+            }
+            return Ok(epoch);
+        }
+        tracing::warn!(
+            "nothing to resume in {}: starting a fresh run",
+            dir.display()
+        );
+    }
+    for sub in ["checkpoint", "train", "valid"] {
+        let path = dir.join(sub);
+        if path.exists() {
+            std::fs::remove_dir_all(&path).map_err(io)?;
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(io)?;
+    config.save(&saved).map_err(io)?;
+    Ok(0)
+}
