@@ -245,11 +245,7 @@ fn prepare_dir(config: &TrainingConfig, dir: &Path, resume: bool) -> Result<usiz
                 c.to_string()
             };
             if comparable(&before) != comparable(config) {
-                return Err(mismatch(format!(
-                    "saved {}, asked {}",
-                    before.to_string(),
-                    config.to_string()
-                )));
+                return Err(mismatch(format!("saved {before}, asked {config}")));
             }
             return Ok(epoch);
         }
