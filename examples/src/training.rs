@@ -10,8 +10,8 @@ use burn::config::Config;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::optim::AdamConfig;
 use burn::record::DefaultRecorder;
+use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Int, Tensor};
 use burn::train::metric::{AccuracyMetric, CpuMemory, CpuUse, LossMetric};
 use burn::train::{Learner, SupervisedTraining};
 use burn_sketch::SketchBackend;
@@ -207,12 +207,11 @@ pub fn evaluate<B: SketchBackend>(
     for chunk in indices.chunks(500) {
         let items = chunk.iter().filter_map(|&i| data.get(i)).collect();
         let batch: DigitBatch<B> = DigitBatcher.batch(items, device);
-        let targets: Tensor<B, 1, Int> = batch.targets.clone();
         let output = model.forward_classification(batch);
         loss_sum += output.loss.into_scalar().elem::<f64>() * chunk.len() as f64;
         let predicted = output.output.argmax(1).reshape([chunk.len()]);
         correct += predicted
-            .equal(targets)
+            .equal(output.targets)
             .int()
             .sum()
             .into_scalar()

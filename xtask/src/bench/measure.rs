@@ -65,41 +65,31 @@ pub fn measure<B: SketchBackend>(
         point.num_terms,
         point.low_rank,
     );
+    let dense_config = LinearConfig::new(point.d_input, point.d_output);
     let sketch = config.init::<B>(device);
-    let dense = LinearConfig::new(point.d_input, point.d_output).init::<B>(device);
+    let dense = dense_config.init::<B>(device);
     let x = Tensor::<B, 2>::random([point.batch, point.d_input], Distribution::Default, device);
 
     let sketch_forward = time(warmup, runs, || drop(sketch.forward(x.clone())), sync);
     let dense_forward = time(warmup, runs, || drop(dense.forward(x.clone())), sync);
 
-    type A<B> = Autodiff<B>;
-    let sketch_ad = config.init::<A<B>>(device);
-    let dense_ad = LinearConfig::new(point.d_input, point.d_output).init::<A<B>>(device);
-    let x_ad = Tensor::<A<B>, 2>::from_inner(x);
-    let sketch_train = time(
-        warmup,
-        runs,
-        || {
-            let y = sketch_ad.forward(x_ad.clone().require_grad());
-            drop(y.sum().backward());
-        },
-        sync,
-    );
-    let dense_train = time(
-        warmup,
-        runs,
-        || {
-            let y = dense_ad.forward(x_ad.clone().require_grad());
-            drop(y.sum().backward());
-        },
-        sync,
-    );
+    // Forward and backward of `forward` on a fresh leaf input, all gradients computed.
+    let x_ad = Tensor::<Autodiff<B>, 2>::from_inner(x);
+    let train = |forward: &dyn Fn(Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2>| {
+        let step = || drop(forward(x_ad.clone().require_grad()).sum().backward());
+        time(warmup, runs, step, sync)
+    };
+    let sketch_ad = config.init::<Autodiff<B>>(device);
+    let dense_ad = dense_config.init::<Autodiff<B>>(device);
+    let sketch_train = train(&|x| sketch_ad.forward(x));
+    let dense_train = train(&|x| dense_ad.forward(x));
+    let counts = sketch.param_counts();
 
     Row {
         backend: B::name(device),
         point,
-        sketch_params: sketch.param_counts().trainable,
-        dense_params: sketch.param_counts().dense,
+        sketch_params: counts.trainable,
+        dense_params: counts.dense,
         flop_ratio: point.flop_ratio(),
         sketch_forward,
         dense_forward,
