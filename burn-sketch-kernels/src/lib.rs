@@ -1,2 +1,28 @@
-//! Fused CubeCL kernels for the sketched matmul of `burn-sketch`. Not yet implemented; until
-//! they land, every backend uses `burn-sketch`'s tensor-op path.
+//! Fused CubeCL kernels for the sketched matmul of `burn-sketch`.
+//!
+//! `burn-sketch`'s `SkLinear` computes `y = x·(S1·U1 + U2·S2)/(2T) + bias` for `T` terms of
+//! rank `k`. On CubeCL backends (CUDA, wgpu, and their fusion wrappers) it runs the kernels
+//! of this crate, forward and backward; on other backends it composes tensor operations.
+//!
+//! - [`layout`]: how the kernels read Panther-layout factors (and their transposes) in place;
+//! - [`gemm`]: the tiled product kernel with strided layouts, optional second product and bias;
+//! - [`fused`]: the one-launch forward, `P = x·A` kept in shared memory;
+//! - [`sketch`]: forward and backward as sequences of those launches;
+//! - [`reference`]: a plain-Rust implementation of the same maths, which the tests hold the
+//!   kernels to.
+//!
+//! All kernels take their element type at launch (`f32`, `f16`, `bf16`, as the device
+//! supports) and accumulate in `f32`.
+
+// No `missing_docs` lint: `#[cube]` generates undocumented companion items for every kernel.
+
+pub mod fused;
+pub mod gemm;
+pub mod layout;
+pub mod reference;
+pub mod sketch;
+
+pub use sketch::{
+    ForwardPath, GradientsWanted, SketchFactors, SketchGradients, backward, choose_forward_path,
+    forward, forward_with,
+};

@@ -1,10 +1,14 @@
 //! `SkLinear` on the wgpu backend (in CI: Mesa's CPU Vulkan driver), and under autodiff.
 //! One binary for all wgpu tests, so the kernels are compiled once per run.
+//!
+//! With burn's `fusion` on (burn-sketch's default), `Wgpu` is `Fusion<CubeBackend<..>>`, so
+//! these tests go through the fusion custom operation, then the CubeCL kernels.
 
 mod common;
 
+use burn::backend::ndarray::NdArrayDevice;
 use burn::backend::wgpu::WgpuDevice;
-use burn::backend::{Autodiff, Wgpu};
+use burn::backend::{Autodiff, NdArray, Wgpu};
 
 type B = Wgpu;
 type AB = Autodiff<Wgpu>;
@@ -37,4 +41,17 @@ fn record_round_trip_is_exact() {
 #[test]
 fn wrong_input_width_panics() {
     common::wrong_input_width_panics::<B>(&WgpuDevice::default());
+}
+
+#[test]
+fn kernels_match_tensor_ops() {
+    common::backend_path_matches_tensor_ops::<B>(&WgpuDevice::default());
+}
+
+#[test]
+fn training_step_matches_ndarray() {
+    common::training_step_matches::<Autodiff<NdArray>, AB>(
+        &NdArrayDevice::default(),
+        &WgpuDevice::default(),
+    );
 }

@@ -8,12 +8,19 @@
 //! Rust's orphan rule requires each implementation to live here, beside the trait; each is
 //! behind the crate feature of its backend.
 
+mod autodiff;
+#[cfg(feature = "cubecl")]
+mod cubecl;
+#[cfg(feature = "fusion")]
+mod fusion;
+mod gradients;
 pub mod tensor_ops;
 mod weights;
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+pub use gradients::{SketchGradients, WantedGradients};
 pub use weights::SketchWeights;
 
 /// A backend that can compute a sketched linear layer.
@@ -33,13 +40,21 @@ pub trait SketchBackend: Backend {
     ) -> Tensor<Self, 2> {
         tensor_ops::sketched_linear(x, weights, bias)
     }
-}
 
-impl<B, C> SketchBackend for burn_autodiff::Autodiff<B, C>
-where
-    B: SketchBackend,
-    C: burn_autodiff::checkpoint::strategy::CheckpointStrategy,
-{
+    /// The gradients of [`sketched_linear`](Self::sketched_linear) with respect to `x` and
+    /// the factors, given the gradient of its output (`[n, d_output]`); only the `wanted` ones
+    /// are computed. The bias gradient, a column sum of `grad_output`, is not included.
+    ///
+    /// `Autodiff<B>` calls this from its backward pass, so a backend that overrides it trains
+    /// with its own kernels.
+    fn sketched_linear_backward(
+        x: Tensor<Self, 2>,
+        weights: SketchWeights<Self>,
+        grad_output: Tensor<Self, 2>,
+        wanted: WantedGradients,
+    ) -> SketchGradients<Self> {
+        tensor_ops::sketched_linear_backward(x, weights, grad_output, wanted)
+    }
 }
 
 #[cfg(feature = "ndarray")]
@@ -50,17 +65,3 @@ where
     Self: Backend,
 {
 }
-
-#[cfg(feature = "cubecl")]
-impl<R, F, I, BT> SketchBackend for burn_cubecl::CubeBackend<R, F, I, BT>
-where
-    R: burn_cubecl::CubeRuntime,
-    F: burn_cubecl::FloatElement,
-    I: burn_cubecl::IntElement,
-    BT: burn_cubecl::BoolElement,
-    Self: Backend,
-{
-}
-
-#[cfg(feature = "fusion")]
-impl<B> SketchBackend for burn_fusion::Fusion<B> where B: burn_fusion::FusionBackend {}

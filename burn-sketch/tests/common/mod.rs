@@ -287,3 +287,127 @@ pub fn wrong_input_width_panics<B: SketchBackend>(device: &B::Device) {
         "unhelpful panic: {message}"
     );
 }
+
+/// The backend's own `SketchBackend` implementation (on CubeCL backends: the kernels)
+/// against the tensor-op path on the same backend, forward and backward, including a rank
+/// `2Tk` beyond the fused kernel's limit and odd sizes.
+pub fn backend_path_matches_tensor_ops<B: SketchBackend>(device: &B::Device) {
+    use burn_sketch::backend::{WantedGradients, tensor_ops};
+    let _serial = serial();
+    B::seed(device, 5);
+    // (rows, d_in, d_out, T, k)
+    for (rows, d_in, d_out, t, k) in [(1, 3, 2, 1, 1), (37, 29, 41, 3, 7), (20, 50, 33, 2, 80)] {
+        let what = format!("n={rows} d_in={d_in} d_out={d_out} T={t} k={k}");
+        let layer = SkLinearConfig::new(d_in, d_out, t, k).init::<B>(device);
+        let x = Tensor::<B, 2>::random([rows, d_in], Distribution::Default, device);
+        let g = Tensor::<B, 2>::random([rows, d_out], Distribution::Default, device);
+        let bias = layer.bias.as_ref().map(|b| b.val());
+
+        let actual = B::sketched_linear(x.clone(), layer.weights(), bias.clone());
+        let expected = tensor_ops::sketched_linear(x.clone(), layer.weights(), bias);
+        assert_close(
+            actual.into_data(),
+            expected.into_data(),
+            &format!("forward {what}"),
+        );
+
+        let actual = B::sketched_linear_backward(
+            x.clone(),
+            layer.weights(),
+            g.clone(),
+            WantedGradients::ALL,
+        );
+        let expected =
+            tensor_ops::sketched_linear_backward(x, layer.weights(), g, WantedGradients::ALL);
+        let pairs2 = [(actual.x, expected.x, "∂x")];
+        for (a, e, name) in pairs2 {
+            assert_close(
+                a.unwrap().into_data(),
+                e.unwrap().into_data(),
+                &format!("{name} {what}"),
+            );
+        }
+        let pairs3 = [
+            (actual.s1s, expected.s1s, "∂S1s"),
+            (actual.s2s, expected.s2s, "∂S2s"),
+            (actual.u1s, expected.u1s, "∂U1s"),
+            (actual.u2s, expected.u2s, "∂U2s"),
+        ];
+        for (a, e, name) in pairs3 {
+            assert_close(
+                a.unwrap().into_data(),
+                e.unwrap().into_data(),
+                &format!("{name} {what}"),
+            );
+        }
+    }
+}
+
+/// One training step's gradients (`x`, `S1s`, `S2s`, bias) on backend `A` equal those on
+/// backend `B` for the same layer, copied across through a record.
+pub fn training_step_matches<A, B>(device_a: &A::Device, device_b: &B::Device)
+where
+    A: AutodiffBackend + SketchBackend,
+    B: AutodiffBackend + SketchBackend,
+{
+    use burn::record::{BinBytesRecorder, Recorder};
+    let _serial = serial();
+    A::seed(device_a, 8);
+    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    for (rows, d_in, d_out, t, k) in [(9, 23, 17, 2, 5), (33, 40, 12, 1, 64)] {
+        let what = format!("n={rows} d_in={d_in} d_out={d_out} T={t} k={k}");
+        let config = SkLinearConfig::new(d_in, d_out, t, k);
+        let layer_a = config.init::<A>(device_a);
+        let bytes = recorder.record(layer_a.clone().into_record(), ()).unwrap();
+        let layer_b = config
+            .init::<B>(device_b)
+            .load_record(recorder.load(bytes, device_b).unwrap());
+
+        let x = Tensor::<A, 2>::random([rows, d_in], Distribution::Default, device_a);
+        let g = Tensor::<A, 2>::random([rows, d_out], Distribution::Default, device_a);
+        let step_a = {
+            let x = x.clone().require_grad();
+            let grads = (layer_a.forward(x.clone()) * g.clone()).sum().backward();
+            [
+                x.grad(&grads).unwrap().into_data(),
+                layer_a.s1s.grad(&grads).unwrap().into_data(),
+                layer_a.s2s.grad(&grads).unwrap().into_data(),
+                layer_a
+                    .bias
+                    .as_ref()
+                    .unwrap()
+                    .grad(&grads)
+                    .unwrap()
+                    .into_data(),
+            ]
+        };
+        let step_b = {
+            let x = Tensor::<B, 2>::from_data(x.into_data(), device_b).require_grad();
+            let g = Tensor::<B, 2>::from_data(g.into_data(), device_b);
+            let grads = (layer_b.forward(x.clone()) * g).sum().backward();
+            assert!(
+                layer_b.u1s.grad(&grads).is_none(),
+                "U1s got a gradient ({what})"
+            );
+            [
+                x.grad(&grads).unwrap().into_data(),
+                layer_b.s1s.grad(&grads).unwrap().into_data(),
+                layer_b.s2s.grad(&grads).unwrap().into_data(),
+                layer_b
+                    .bias
+                    .as_ref()
+                    .unwrap()
+                    .grad(&grads)
+                    .unwrap()
+                    .into_data(),
+            ]
+        };
+        for ((a, b), name) in step_a
+            .into_iter()
+            .zip(step_b)
+            .zip(["∂x", "∂S1s", "∂S2s", "∂bias"])
+        {
+            assert_close(b, a, &format!("{name} {what}"));
+        }
+    }
+}

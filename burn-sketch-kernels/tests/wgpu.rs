@@ -1,0 +1,358 @@
+//! The kernels against the plain-Rust reference, on wgpu (in CI: Mesa's lavapipe on the CPU).
+//! One test binary, so the kernels are compiled once per run.
+
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use burn_cubecl::tensor::CubeTensor;
+use burn_sketch_kernels::reference::HostLayer;
+use burn_sketch_kernels::{
+    ForwardPath, GradientsWanted, SketchFactors, backward, choose_forward_path, forward_with,
+};
+
+use cubecl::wgpu::{WgpuDevice, WgpuRuntime as Runtime};
+
+/// The plain CubeCL backend, named explicitly: `burn::backend::Wgpu` becomes a fusion wrapper
+/// when any crate in the build enables burn's `fusion` feature.
+type B = burn_cubecl::CubeBackend<Runtime, f32, i32, u32>;
+
+/// Reproducible values in [-1, 1) (a 64-bit LCG; no RNG crate needed for test data).
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn upload(data: &[f32], shape: &[usize], dtype: DType) -> CubeTensor<Runtime> {
+    let tensor = Tensor::<B, 1>::from_data(
+        TensorData::new(data.to_vec(), [data.len()]),
+        &WgpuDevice::default(),
+    );
+    match shape.len() {
+        1 => tensor.cast(dtype).into_primitive().tensor(),
+        2 => tensor
+            .reshape([shape[0], shape[1]])
+            .cast(dtype)
+            .into_primitive()
+            .tensor(),
+        3 => tensor
+            .reshape([shape[0], shape[1], shape[2]])
+            .cast(dtype)
+            .into_primitive()
+            .tensor(),
+        rank => panic!("rank {rank} not used here"),
+    }
+}
+
+fn download(tensor: CubeTensor<Runtime>) -> Vec<f32> {
+    let numel = tensor.meta.num_elements();
+    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(tensor))
+        .reshape([numel])
+        .cast(DType::F32)
+        .into_data()
+        .to_vec::<f32>()
+        .unwrap()
+}
+
+/// Asserts `|actual - expected| ≤ tolerance · (|expected| + max|expected|)` elementwise: a
+/// relative bound that does not blow up on entries near zero.
+fn assert_close(actual: &[f32], expected: &[f32], tolerance: f32, what: &str) {
+    assert_eq!(actual.len(), expected.len(), "{what}: length");
+    let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    assert!(
+        scale > 0.0,
+        "{what}: the reference is all zeros, the test proves nothing"
+    );
+    for (index, (a, e)) in actual.iter().zip(expected).enumerate() {
+        let bound = tolerance * (e.abs() + scale);
+        assert!(
+            (a - e).abs() <= bound,
+            "{what}: element {index}: kernel {a}, reference {e} (bound {bound})"
+        );
+    }
+}
+
+/// One test problem: a layer, an input and an upstream gradient.
+struct Case {
+    rows: usize,
+    d_in: usize,
+    d_out: usize,
+    terms: usize,
+    rank: usize,
+    bias: bool,
+}
+
+struct Data {
+    x: Vec<f32>,
+    s1s: Vec<f32>,
+    s2s: Vec<f32>,
+    u1s: Vec<f32>,
+    u2s: Vec<f32>,
+    bias: Vec<f32>,
+    grad: Vec<f32>,
+}
+
+impl Case {
+    fn data(&self, seed: u64) -> Data {
+        let input = self.terms * self.d_in * self.rank;
+        let output = self.terms * self.rank * self.d_out;
+        Data {
+            x: values(self.rows * self.d_in, seed),
+            s1s: values(input, seed + 1),
+            s2s: values(output, seed + 2),
+            u1s: values(output, seed + 3),
+            u2s: values(input, seed + 4),
+            bias: values(self.d_out, seed + 5),
+            grad: values(self.rows * self.d_out, seed + 6),
+        }
+    }
+
+    fn host<'a>(&self, data: &'a Data) -> HostLayer<'a> {
+        HostLayer {
+            terms: self.terms,
+            d_in: self.d_in,
+            rank: self.rank,
+            d_out: self.d_out,
+            s1s: &data.s1s,
+            s2s: &data.s2s,
+            u1s: &data.u1s,
+            u2s: &data.u2s,
+        }
+    }
+
+    fn factors(&self, data: &Data, dtype: DType) -> SketchFactors<Runtime> {
+        let input = [self.terms, self.d_in, self.rank];
+        let output = [self.terms, self.rank, self.d_out];
+        SketchFactors {
+            s1s: upload(&data.s1s, &input, dtype),
+            s2s: upload(&data.s2s, &output, dtype),
+            u1s: upload(&data.u1s, &output, dtype),
+            u2s: upload(&data.u2s, &input, dtype),
+        }
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "n={} d_in={} d_out={} T={} k={} bias={}",
+            self.rows, self.d_in, self.d_out, self.terms, self.rank, self.bias
+        )
+    }
+}
+
+/// The shape grid of the issue: sizes of 1, primes, non-multiples of 16; T ∈ {1,2,3,8};
+/// k ∈ {1,7,16,64,128}; ranks 2Tk up to 512 (beyond the fused kernel's limit).
+fn grid() -> Vec<Case> {
+    let shapes = [
+        // rows, d_in, d_out, terms, rank
+        (1, 1, 1, 1, 1),
+        (1, 17, 5, 1, 7),
+        (3, 31, 29, 2, 7),
+        (16, 16, 16, 1, 16),
+        (37, 67, 43, 3, 16),
+        (5, 130, 97, 8, 1),
+        (64, 48, 80, 8, 16),
+        (19, 75, 33, 1, 64),
+        (7, 129, 61, 2, 64),
+        (33, 47, 131, 1, 128),
+        (2, 41, 23, 2, 128),
+    ];
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(index, &(rows, d_in, d_out, terms, rank))| Case {
+            rows,
+            d_in,
+            d_out,
+            terms,
+            rank,
+            bias: index % 2 == 0,
+        })
+        .collect()
+}
+
+fn run_forward(case: &Case, data: &Data, path: ForwardPath, dtype: DType) -> Vec<f32> {
+    let x = upload(&data.x, &[case.rows, case.d_in], dtype);
+    let bias = case.bias.then(|| upload(&data.bias, &[case.d_out], dtype));
+    download(forward_with(x, &case.factors(data, dtype), bias, path))
+}
+
+#[test]
+fn forward_matches_reference_on_both_paths() {
+    for (seed, case) in grid().iter().enumerate() {
+        let data = case.data(seed as u64 * 10);
+        let expected =
+            case.host(&data)
+                .forward(&data.x, case.rows, case.bias.then_some(&data.bias[..]));
+        let rank_width = 2 * case.terms * case.rank;
+        let mut paths = vec![ForwardPath::Tiled];
+        if rank_width <= burn_sketch_kernels::fused::MAX_FUSED_RANK {
+            paths.push(ForwardPath::Fused { column_groups: 1 });
+            paths.push(ForwardPath::Fused { column_groups: 3 });
+        }
+        for path in paths {
+            let actual = run_forward(case, &data, path, DType::F32);
+            assert_close(
+                &actual,
+                &expected,
+                1e-4,
+                &format!("forward {path:?} {}", case.name()),
+            );
+        }
+    }
+}
+
+#[test]
+fn forward_path_choice_follows_the_rank() {
+    let device = WgpuDevice::default();
+    let client = Tensor::<B, 1>::zeros([1], &device)
+        .into_primitive()
+        .tensor()
+        .client;
+    assert!(matches!(
+        choose_forward_path(&client, 256, 32, 8192),
+        ForwardPath::Fused { .. }
+    ));
+    assert_eq!(
+        choose_forward_path(&client, 256, 512, 8192),
+        ForwardPath::Tiled
+    );
+    // A tiny output cannot be split into more groups than it has column tiles.
+    assert_eq!(
+        choose_forward_path(&client, 1, 32, 20),
+        ForwardPath::Fused { column_groups: 2 }
+    );
+}
+
+#[test]
+fn backward_matches_reference() {
+    let everything = GradientsWanted {
+        x: true,
+        s1s: true,
+        s2s: true,
+        u1s: true,
+        u2s: true,
+    };
+    for (seed, case) in grid().iter().enumerate() {
+        let data = case.data(seed as u64 * 10 + 3);
+        let expected = case.host(&data).backward(&data.x, case.rows, &data.grad);
+        let x = upload(&data.x, &[case.rows, case.d_in], DType::F32);
+        let grad = upload(&data.grad, &[case.rows, case.d_out], DType::F32);
+        let grads = backward(x, &case.factors(&data, DType::F32), grad, everything);
+        let name = case.name();
+        for (actual, expected, what) in [
+            (grads.x, &expected.x, "∂x"),
+            (grads.s1s, &expected.s1s, "∂S1s"),
+            (grads.s2s, &expected.s2s, "∂S2s"),
+            (grads.u1s, &expected.u1s, "∂U1s"),
+            (grads.u2s, &expected.u2s, "∂U2s"),
+        ] {
+            let actual = download(actual.unwrap_or_else(|| panic!("{what} was not computed")));
+            assert_close(&actual, expected, 1e-4, &format!("{what} {name}"));
+        }
+    }
+}
+
+#[test]
+fn backward_computes_only_what_is_wanted() {
+    let case = Case {
+        rows: 9,
+        d_in: 20,
+        d_out: 12,
+        terms: 2,
+        rank: 3,
+        bias: false,
+    };
+    let data = case.data(99);
+    let expected = case.host(&data).backward(&data.x, case.rows, &data.grad);
+    let wanted = GradientsWanted {
+        s2s: true,
+        ..Default::default()
+    };
+    let x = upload(&data.x, &[case.rows, case.d_in], DType::F32);
+    let grad = upload(&data.grad, &[case.rows, case.d_out], DType::F32);
+    let grads = backward(x, &case.factors(&data, DType::F32), grad, wanted);
+    assert!(grads.x.is_none() && grads.s1s.is_none() && grads.u1s.is_none() && grads.u2s.is_none());
+    assert_close(
+        &download(grads.s2s.unwrap()),
+        &expected.s2s,
+        1e-4,
+        "∂S2s alone",
+    );
+}
+
+#[test]
+fn transposed_input_is_read_in_place() {
+    // `x` arrives as the transpose of a `[d_in, n]` tensor: strides (1, n), no copy.
+    let case = Case {
+        rows: 13,
+        d_in: 21,
+        d_out: 18,
+        terms: 2,
+        rank: 5,
+        bias: true,
+    };
+    let data = case.data(7);
+    let expected = case
+        .host(&data)
+        .forward(&data.x, case.rows, Some(&data.bias));
+    let transposed: Vec<f32> = (0..case.d_in)
+        .flat_map(|m| (0..case.rows).map(move |i| (i, m)))
+        .map(|(i, m)| data.x[i * case.d_in + m])
+        .collect();
+    let x = Tensor::<B, 2>::from_data(
+        TensorData::new(transposed, [case.d_in, case.rows]),
+        &WgpuDevice::default(),
+    )
+    .transpose()
+    .into_primitive()
+    .tensor();
+    assert!(!x.is_contiguous(), "the test needs a strided input");
+    let bias = upload(&data.bias, &[case.d_out], DType::F32);
+    for path in [ForwardPath::Tiled, ForwardPath::Fused { column_groups: 2 }] {
+        let actual = download(forward_with(
+            x.clone(),
+            &case.factors(&data, DType::F32),
+            Some(bias.clone()),
+            path,
+        ));
+        assert_close(&actual, &expected, 1e-4, &format!("strided x, {path:?}"));
+    }
+}
+
+#[test]
+fn half_precision_accumulates_in_f32() {
+    let device = WgpuDevice::default();
+    let client = Tensor::<B, 1>::zeros([1], &device)
+        .into_primitive()
+        .tensor()
+        .client;
+    let f16: cubecl::ir::StorageType = DType::F16.into();
+    if !client.properties().supports_type(f16) {
+        eprintln!("skipped: this wgpu device has no f16 support");
+        return;
+    }
+    // A long reduction (d_in = 1000) that an f16 accumulator would visibly round.
+    let case = Case {
+        rows: 17,
+        d_in: 1000,
+        d_out: 40,
+        terms: 1,
+        rank: 16,
+        bias: true,
+    };
+    let data = case.data(5);
+    let expected = case
+        .host(&data)
+        .forward(&data.x, case.rows, Some(&data.bias));
+    for path in [ForwardPath::Tiled, ForwardPath::Fused { column_groups: 1 }] {
+        let actual = run_forward(&case, &data, path, DType::F16);
+        // Inputs rounded to f16 (relative 2^-11) dominate; accumulation adds little.
+        assert_close(&actual, &expected, 1e-2, &format!("f16 forward {path:?}"));
+    }
+}
