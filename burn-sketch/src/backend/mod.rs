@@ -14,6 +14,8 @@ mod cubecl;
 #[cfg(feature = "fusion")]
 mod fusion;
 mod gradients;
+#[cfg(feature = "cubecl")]
+mod policy;
 pub mod tensor_ops;
 mod weights;
 
@@ -21,6 +23,8 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 pub use gradients::{SketchGradients, WantedGradients};
+#[cfg(feature = "cubecl")]
+pub use policy::{KernelPolicy, kernel_policy, set_kernel_policy};
 pub use weights::SketchWeights;
 
 /// A backend that can compute a sketched linear layer.

@@ -1,9 +1,11 @@
-//! Measures one point on one backend: the sketched layer's tensor-op path and dense `Linear`,
-//! forward alone and forward + backward.
+//! Measures one point on one backend: the sketched layer as the backend runs it (the fused
+//! kernels on CubeCL backends), the same product through generic tensor operations, and
+//! dense `Linear`; forward alone and forward + backward.
 
 use burn::backend::Autodiff;
 use burn::nn::LinearConfig;
 use burn::tensor::{Distribution, Tensor};
+use burn_sketch::backend::tensor_ops;
 use burn_sketch::{SkLinearConfig, SketchBackend};
 use serde::{Deserialize, Serialize};
 
@@ -24,11 +26,16 @@ pub struct Row {
     pub dense_params: usize,
     /// Sketched FLOPs over dense FLOPs.
     pub flop_ratio: f64,
-    /// `SkLinear` forward, tensor-op path.
+    /// The least memory traffic of the sketched forward: bytes of `x`, the four factors, the
+    /// bias and `y`, each moved once. Over the device bandwidth, a lower bound on its time.
+    pub forward_bytes: usize,
+    /// `SkLinear` forward, as the backend runs it (kernels on CubeCL backends).
     pub sketch_forward: Timing,
+    /// The same product through `burn_sketch::backend::tensor_ops` on the same backend.
+    pub tensor_ops_forward: Timing,
     /// Dense `Linear` forward.
     pub dense_forward: Timing,
-    /// `SkLinear` forward and backward (all gradients, input included), tensor-op path.
+    /// `SkLinear` forward and backward (all gradients, input included), as the backend runs it.
     pub sketch_train: Timing,
     /// Dense `Linear` forward and backward.
     pub dense_train: Timing,
@@ -38,6 +45,11 @@ impl Row {
     /// Dense time over sketched time, forward.
     pub fn forward_speedup(&self) -> f64 {
         self.dense_forward.median_ms / self.sketch_forward.median_ms
+    }
+
+    /// Tensor-op time over the backend's own time, forward: what the kernels gain.
+    pub fn kernel_speedup(&self) -> f64 {
+        self.tensor_ops_forward.median_ms / self.sketch_forward.median_ms
     }
 
     /// Dense time over sketched time, forward + backward.
@@ -71,6 +83,19 @@ pub fn measure<B: SketchBackend>(
     let x = Tensor::<B, 2>::random([point.batch, point.d_input], Distribution::Default, device);
 
     let sketch_forward = time(warmup, runs, || drop(sketch.forward(x.clone())), sync);
+    let bias = sketch.bias.as_ref().map(|b| b.val());
+    let tensor_ops_forward = time(
+        warmup,
+        runs,
+        || {
+            drop(tensor_ops::sketched_linear(
+                x.clone(),
+                sketch.weights(),
+                bias.clone(),
+            ))
+        },
+        sync,
+    );
     let dense_forward = time(warmup, runs, || drop(dense.forward(x.clone())), sync);
 
     // Forward and backward of `forward` on a fresh leaf input, all gradients computed.
@@ -84,6 +109,9 @@ pub fn measure<B: SketchBackend>(
     let sketch_train = train(&|x| sketch_ad.forward(x));
     let dense_train = train(&|x| dense_ad.forward(x));
     let counts = sketch.param_counts();
+    let factor_elements = 2 * point.num_terms * point.low_rank * (point.d_input + point.d_output);
+    let elements =
+        point.batch * (point.d_input + point.d_output) + factor_elements + point.d_output;
 
     Row {
         backend: B::name(device),
@@ -91,7 +119,9 @@ pub fn measure<B: SketchBackend>(
         sketch_params: counts.trainable,
         dense_params: counts.dense,
         flop_ratio: point.flop_ratio(),
+        forward_bytes: elements * size_of::<f32>(),
         sketch_forward,
+        tensor_ops_forward,
         dense_forward,
         sketch_train,
         dense_train,

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use burn_sketch::SketchBackend;
+use burn_sketch::backend::KernelPolicy;
 use clap::{Args, ValueEnum};
 
 pub use grid::{Point, grid};
@@ -33,6 +34,17 @@ pub enum BackendKind {
     Cuda,
 }
 
+/// `burn_sketch::backend::KernelPolicy`, as a command-line value.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Policy {
+    /// The kernels of `burn-sketch-kernels`.
+    Kernels,
+    /// Burn tensor operations.
+    TensorOps,
+    /// Timed once per shape, the faster kept.
+    Autotune,
+}
+
 /// Options of `cargo xtask bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -48,6 +60,10 @@ pub struct BenchArgs {
     /// Untimed runs before timing each measurement.
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
+    /// On CubeCL backends, what "sketch" times: the kernels (default), the tensor-op path, or
+    /// whichever the autotuner picks.
+    #[arg(long, value_enum, default_value = "kernels")]
+    pub policy: Policy,
     /// Timed runs per measurement.
     #[arg(long, default_value_t = 10)]
     pub runs: usize,
@@ -73,6 +89,11 @@ pub fn run(args: &BenchArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
     if points.is_empty() {
         return Err(format!("no point matches the filter {:?}", args.filter).into());
     }
+    burn_sketch::backend::set_kernel_policy(match args.policy {
+        Policy::Kernels => KernelPolicy::Kernels,
+        Policy::TensorOps => KernelPolicy::TensorOps,
+        Policy::Autotune => KernelPolicy::Autotune,
+    });
     let rows = match args.backend {
         BackendKind::Ndarray => {
             measure_all::<burn::backend::NdArray>(&points, &Default::default(), args)
@@ -148,6 +169,7 @@ mod tests {
         let args = BenchArgs {
             backend: BackendKind::Ndarray,
             quick: true,
+            policy: Policy::Kernels,
             filter: Some("t1-k16-b64".into()),
             warmup: 1,
             runs: 3,
@@ -164,8 +186,10 @@ mod tests {
         assert_eq!(row.dense_params, 1024 * 1024 + 1024);
         assert_eq!(row.sketch_params, 16 * 2048 + 1024);
         assert!((row.flop_ratio - 32.0 * 2048.0 / (1024.0 * 1024.0)).abs() < 1e-12);
+        assert_eq!(row.forward_bytes, 4 * (64 * 2048 + 2 * 16 * 2048 + 1024));
         for t in [
             row.sketch_forward,
+            row.tensor_ops_forward,
             row.dense_forward,
             row.sketch_train,
             row.dense_train,
