@@ -17,7 +17,7 @@ use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
-use super::{SketchBackend, SketchWeights, WantedGradients};
+use super::{SketchBackend, SketchWeights, WantedGradients, float};
 
 impl<B, C> SketchBackend for Autodiff<B, C>
 where
@@ -54,12 +54,6 @@ struct SketchedLinearBackward<const N: usize>;
 
 /// The checkpointed inputs: `x`, `S1s`, `S2s`, `U1s`, `U2s`.
 type State = [NodeId; 5];
-
-fn float<B: burn::tensor::backend::Backend, const D: usize>(
-    primitive: FloatTensor<B>,
-) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(primitive))
-}
 
 /// The inner backend's product on the primitives of the autodiff inputs.
 fn inner_forward<B: SketchBackend, C: CheckpointStrategy, const N: usize>(

@@ -2,13 +2,13 @@
 //! `burn-sketch-kernels` forward and backward, or the tensor-op path where the
 //! [autotuner](super::policy) finds it faster.
 
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_sketch_kernels::{GradientsWanted, SketchFactors};
 
 use super::policy::{TuneKey, use_kernels};
-use super::{SketchBackend, SketchGradients, SketchWeights, WantedGradients, tensor_ops};
+use super::{SketchBackend, SketchGradients, SketchWeights, WantedGradients, float, tensor_ops};
 
 type Cube<R, F, I, BT> = CubeBackend<R, F, I, BT>;
 
@@ -61,7 +61,7 @@ where
         &factors(weights),
         bias.map(|bias| bias.into_primitive().tensor()),
     );
-    Tensor::from_primitive(TensorPrimitive::Float(output))
+    float(output)
 }
 
 fn kernel_backward<R, F, I, BT>(
@@ -89,14 +89,12 @@ where
         grad_output.into_primitive().tensor(),
         wanted,
     );
-    let wrap2 = |t| Tensor::from_primitive(TensorPrimitive::Float(t));
-    let wrap3 = |t| Tensor::from_primitive(TensorPrimitive::Float(t));
     SketchGradients {
-        x: grads.x.map(wrap2),
-        s1s: grads.s1s.map(wrap3),
-        s2s: grads.s2s.map(wrap3),
-        u1s: grads.u1s.map(wrap3),
-        u2s: grads.u2s.map(wrap3),
+        x: grads.x.map(float),
+        s1s: grads.s1s.map(float),
+        s2s: grads.s2s.map(float),
+        u1s: grads.u1s.map(float),
+        u2s: grads.u2s.map(float),
     }
 }
 
@@ -114,9 +112,8 @@ where
         bias: Option<Tensor<Self, 1>>,
     ) -> Tensor<Self, 2> {
         let device = x.device();
-        let key = tune_key(&x, &weights, false, bias.is_some());
         let kernels = use_kernels(
-            key,
+            || tune_key(&x, &weights, false, bias.is_some()),
             || drop(kernel_forward(x.clone(), weights.clone(), bias.clone())),
             || {
                 drop(tensor_ops::sketched_linear(
@@ -141,9 +138,8 @@ where
         wanted: WantedGradients,
     ) -> SketchGradients<Self> {
         let device = x.device();
-        let key = tune_key(&x, &weights, true, false);
         let kernels = use_kernels(
-            key,
+            || tune_key(&x, &weights, true, false),
             || {
                 drop(kernel_backward(
                     x.clone(),

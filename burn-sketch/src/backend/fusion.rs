@@ -7,13 +7,12 @@
 
 use std::marker::PhantomData;
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{Shape, Tensor, TensorPrimitive};
+use burn::tensor::{Shape, Tensor};
 use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
-use super::{SketchBackend, SketchGradients, SketchWeights, WantedGradients};
+use super::{SketchBackend, SketchGradients, SketchWeights, WantedGradients, float};
 
 impl<B> SketchBackend for Fusion<B>
 where
@@ -74,10 +73,6 @@ where
             u2s: next(wanted.u2s).map(float),
         }
     }
-}
-
-fn float<B: Backend, const D: usize>(primitive: B::FloatTensorPrimitive) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(primitive))
 }
 
 type Primitive<B> = FusionTensor<<B as FusionBackend>::FusionRuntime>;

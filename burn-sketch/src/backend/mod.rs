@@ -27,6 +27,11 @@ pub use gradients::{SketchGradients, WantedGradients};
 pub use policy::{KernelPolicy, kernel_policy, set_kernel_policy};
 pub use weights::SketchWeights;
 
+/// Wraps a float primitive as a tensor: the implementations below move between the two.
+fn float<B: Backend, const D: usize>(primitive: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(primitive))
+}
+
 /// A backend that can compute a sketched linear layer.
 ///
 /// The provided method is the tensor-op path, valid on every backend (and differentiable

@@ -63,11 +63,11 @@ fn decisions() -> &'static Mutex<HashMap<TuneKey, bool>> {
     DECISIONS.get_or_init(Default::default)
 }
 
-/// Whether to use the kernels for `key`: decided by the policy, or under
-/// [`KernelPolicy::Autotune`] by timing `kernels` against `tensor_ops` (each run once to
+/// Whether to use the kernels for the shape `key` describes: decided by the policy, or under
+/// [`KernelPolicy::Autotune`] (the only case that builds the key) by timing `kernels` against `tensor_ops` (each run once to
 /// compile and warm up, then three times; `sync` waits for the device) on first use.
 pub(crate) fn use_kernels(
-    key: TuneKey,
+    key: impl FnOnce() -> TuneKey,
     kernels: impl Fn(),
     tensor_ops: impl Fn(),
     sync: impl Fn(),
@@ -77,6 +77,7 @@ pub(crate) fn use_kernels(
         KernelPolicy::TensorOps => return false,
         KernelPolicy::Autotune => {}
     }
+    let key = key();
     if let Some(&choice) = decisions().lock().expect("tuner lock").get(&key) {
         return choice;
     }
@@ -130,18 +131,18 @@ mod tests {
         let runs = Cell::new(0);
         let slow = || std::thread::sleep(Duration::from_millis(3));
         let fast = || runs.set(runs.get() + 1);
-        assert!(use_kernels(key(8), fast, slow, || ()));
+        assert!(use_kernels(|| key(8), fast, slow, || ()));
         assert_eq!(runs.get(), 4, "one warm-up and three timed runs");
         // Remembered: nothing is timed again.
-        assert!(use_kernels(key(8), fast, slow, || ()));
+        assert!(use_kernels(|| key(8), fast, slow, || ()));
         assert_eq!(runs.get(), 4);
         // Another shape class is tuned on its own.
-        assert!(!use_kernels(key(16), slow, fast, || ()));
+        assert!(!use_kernels(|| key(16), slow, fast, || ()));
 
         set_kernel_policy(KernelPolicy::TensorOps);
-        assert!(!use_kernels(key(8), fast, slow, || ()));
+        assert!(!use_kernels(|| key(8), fast, slow, || ()));
         set_kernel_policy(KernelPolicy::Kernels);
-        assert!(use_kernels(key(16), slow, fast, || ()));
+        assert!(use_kernels(|| key(16), slow, fast, || ()));
         set_kernel_policy(KernelPolicy::Autotune);
         assert_eq!(kernel_policy(), KernelPolicy::Autotune);
     }

@@ -83,13 +83,14 @@ pub fn sketched_linear_backward<B: Backend>(
     let rows = x.dims()[0];
     let half = terms * k;
     let scale = 1.0 / (2.0 * terms as f64);
-    let grad_scaled = grad_output.mul_scalar(scale);
+    // α is applied to the `[n, Tk]` and `[Tk, d_out]` products, never to the whole `∂y`.
 
     // α·∂y·Gᵀ for an output-side factor `[T, k, d_out]`: `[n, Tk]`.
     let grad_projection = |factor: &Tensor<B, 3>| {
-        grad_scaled
+        grad_output
             .clone()
             .matmul(factor.clone().reshape([half, d_output]).transpose())
+            .mul_scalar(scale)
     };
     let grad_p1 = (wanted.x || wanted.s1s).then(|| grad_projection(&weights.u1s));
     let grad_p2 = (wanted.x || wanted.u2s).then(|| grad_projection(&weights.s2s));
@@ -130,7 +131,8 @@ pub fn sketched_linear_backward<B: Backend>(
     let output_factor_grad = |factor: &Tensor<B, 3>| {
         project(&x, factor.clone())
             .transpose()
-            .matmul(grad_scaled.clone())
+            .matmul(grad_output.clone())
+            .mul_scalar(scale)
             .reshape([terms, k, d_output])
     };
 
