@@ -1,2 +1,65 @@
-//! Memory tooling for Burn training: profiling, monitoring, gradient checkpointing, mixed
-//! precision and batch-size search. Not yet implemented; see the project's issues.
+//! Memory tooling for Burn training, Burn-native and on every backend: what PyTorch users get
+//! from `torch.cuda.memory_allocated`, `torch.utils.checkpoint`, `torch.amp` and Lightning's
+//! batch-size finder.
+//!
+//! - [`MemoryTracker`]: bytes in use, reserved and peak on a device; [`MemoryTracker::profile`]
+//!   runs a closure and reports before / after / peak.
+//! - [`MemoryMonitor`]: samples a device on a background thread into a [`Timeline`] with
+//!   labelled phases, exported as CSV and plotted (PNG or SVG).
+//! - [`Checkpointing`]: selects Burn's autodiff checkpointing strategy for a training job.
+//! - [`MixedPrecision`]: half-precision forward with f32 master weights and dynamic loss
+//!   scaling that skips steps with non-finite gradients.
+//! - [`BatchSizeSearch`]: the largest batch whose whole training step fits a memory budget,
+//!   recovering from out-of-memory failures.
+//! - [`chunked_forward`]: inference over inputs too large for one pass, with bounded memory.
+//! - With the `train` feature, [`DeviceMemoryMetric`] puts device memory on burn-train's
+//!   dashboard.
+//!
+//! Device memory comes from [`DeviceMemory`], implemented for NdArray (the process's resident
+//! memory), every CubeCL backend (`Wgpu`, `Cuda`: the CubeCL memory pools), their fusion
+//! wrappers and `Autodiff` over any of them.
+//!
+//! ```
+//! use burn::backend::NdArray;
+//! use burn::tensor::{Distribution, Tensor};
+//! use burn_memory::MemoryTracker;
+//!
+//! let device = Default::default();
+//! let tracker = MemoryTracker::<NdArray>::new(&device);
+//! let (sum, report) = tracker.profile(|| {
+//!     let x = Tensor::<NdArray, 2>::random([512, 512], Distribution::Default, &device);
+//!     x.sum().into_scalar()
+//! }).unwrap();
+//! assert!(sum > 0.0);
+//! println!("{report}");
+//! ```
+
+mod amp;
+mod batch_search;
+mod checkpointing;
+mod chunked;
+mod device;
+mod error;
+#[cfg(feature = "train")]
+mod metric;
+mod monitor;
+mod plot;
+mod process;
+mod tracker;
+mod usage;
+
+pub use amp::{LossScale, MixedPrecision, MixedPrecisionConfig, Precision, StepOutcome};
+pub use batch_search::{
+    BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, MemoryBudget, Trial, TrialFailure,
+    TrialOutcome,
+};
+pub use checkpointing::{Checkpointing, WithAutodiff};
+pub use chunked::chunked_forward;
+pub use device::DeviceMemory;
+pub use error::MemoryError;
+#[cfg(feature = "train")]
+pub use metric::{DeviceMemoryMetric, MemoryQuantity};
+pub use monitor::{MemoryMonitor, Phase, Sample, Timeline, TimelineStats};
+pub use plot::PlotFormat;
+pub use tracker::{MemoryReport, MemoryTracker};
+pub use usage::{Bytes, MemoryUsage};

@@ -1,0 +1,337 @@
+//! Automatic mixed precision: a half-precision forward pass over f32 master weights, with loss
+//! scaling so that small half-precision gradients do not flush to zero.
+//!
+//! The pieces, and why each is there:
+//! - **Master weights stay f32.** [`MixedPrecision::cast_module`] returns a view of the model
+//!   whose parameters are `cast` to the compute type. `cast` is differentiable, so the gradients
+//!   flow back through it and arrive in f32, on the f32 parameters the optimizer updates. No
+//!   precision is lost across steps.
+//! - **Loss scaling.** The loss is multiplied by the scale before `backward`
+//!   ([`MixedPrecision::scale_loss`]), which lifts small gradients into f16's range.
+//!   [`MixedPrecision::step`] divides the gradients by the scale before the optimizer sees them.
+//! - **Overflow handling.** If any gradient is infinite or NaN, the step is skipped: the
+//!   optimizer is not called and the weights and optimizer state are untouched. With a dynamic
+//!   scale, the scale is halved; after `growth_interval` clean steps in a row it doubles. These
+//!   are the defaults of PyTorch's `GradScaler`.
+//! - **Gradient accumulation** composes with it. Accumulate the *scaled* gradients of each
+//!   micro-batch with Burn's `GradientsAccumulator`, and call `step` once. The scale only
+//!   changes inside `step`, so every micro-batch used the same scale. One non-finite micro-batch
+//!   skips the whole accumulated step.
+//!
+//! bf16 has f32's exponent range and rarely needs scaling; use `LossScale::Static(1.0)` with it.
+//!
+//! ```
+//! use burn::backend::{Autodiff, NdArray};
+//! use burn::module::Module;
+//! use burn::nn::LinearConfig;
+//! use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+//! use burn::tensor::{Distribution, Tensor};
+//! use burn_memory::{MixedPrecisionConfig, Precision, StepOutcome};
+//!
+//! type B = Autodiff<NdArray>;
+//! let device = Default::default();
+//! let mut model = LinearConfig::new(4, 1).init::<B>(&device);
+//! let mut optim = SgdConfig::new().init();
+//! // NdArray computes only in f32, so this shows the loss scaling; on Wgpu or Cuda use
+//! // `Precision::F16` or `Precision::Bf16`.
+//! let mut amp = MixedPrecisionConfig::new()
+//!     .with_compute(Precision::F32)
+//!     .init::<B>(&device)
+//!     .unwrap();
+//! let x = Tensor::<B, 2>::random([16, 4], Distribution::Default, &device);
+//! let y = amp.cast_module(model.clone()).forward(amp.cast_input(x));
+//! let loss = y.powi_scalar(2).mean();
+//! let grads = GradientsParams::from_grads(amp.scale_loss(loss).backward(), &model);
+//! let outcome;
+//! (model, outcome) = amp.step(&mut optim, 0.1, model, grads);
+//! assert_eq!(outcome, StepOutcome::Applied);
+//! ```
+
+use burn::config::Config;
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
+use burn::optim::{GradientsParams, Optimizer};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, Int, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::MemoryError;
+
+/// The element type of the forward and backward computation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Precision {
+    /// Full precision: AMP is then loss scaling only.
+    F32,
+    /// IEEE half precision: 10-bit mantissa, range ±65504, needs loss scaling.
+    F16,
+    /// bfloat16: f32's range with an 8-bit mantissa, rarely needs loss scaling.
+    Bf16,
+}
+
+impl Precision {
+    /// The tensor element type.
+    pub fn dtype(self) -> DType {
+        match self {
+            Self::F32 => DType::F32,
+            Self::F16 => DType::F16,
+            Self::Bf16 => DType::BF16,
+        }
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = MemoryError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            "bf16" => Ok(Self::Bf16),
+            other => Err(MemoryError::invalid(
+                "precision",
+                format!("`{other}`: expected f32, f16 or bf16"),
+            )),
+        }
+    }
+}
+
+/// How the loss is scaled before backward.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum LossScale {
+    /// A fixed factor. Steps with non-finite gradients are still skipped.
+    Static(f32),
+    /// A factor that adapts to the gradients (PyTorch `GradScaler` semantics).
+    Dynamic {
+        /// The first scale.
+        initial: f32,
+        /// Multiplier after `growth_interval` clean steps in a row.
+        growth_factor: f32,
+        /// Multiplier after a step with non-finite gradients.
+        backoff_factor: f32,
+        /// Clean steps in a row before the scale grows.
+        growth_interval: usize,
+    },
+}
+
+impl LossScale {
+    /// PyTorch's `GradScaler` defaults: 2¹⁶, ×2 after 2000 clean steps, ×½ on overflow.
+    pub fn dynamic() -> Self {
+        Self::Dynamic {
+            initial: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+        }
+    }
+
+    fn initial(&self) -> f32 {
+        match *self {
+            Self::Static(scale) => scale,
+            Self::Dynamic { initial, .. } => initial,
+        }
+    }
+}
+
+/// Settings of a mixed-precision run.
+#[derive(Config, Debug)]
+pub struct MixedPrecisionConfig {
+    /// Element type of the forward and backward computation.
+    #[config(default = "Precision::F16")]
+    pub compute: Precision,
+    /// Loss scaling.
+    #[config(default = "LossScale::dynamic()")]
+    pub loss_scale: LossScale,
+}
+
+impl MixedPrecisionConfig {
+    /// The run's state on `device`. Fails with [`MemoryError::UnsupportedPrecision`] when the
+    /// device cannot compute in the requested type (NdArray has only f32 and f64), and with
+    /// [`MemoryError::Invalid`] for a scale that is not finite and positive.
+    pub fn init<B: AutodiffBackend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<MixedPrecision, MemoryError> {
+        let dtype = self.compute.dtype();
+        if self.compute != Precision::F32 && !B::supports_dtype(device, dtype) {
+            return Err(MemoryError::UnsupportedPrecision(dtype));
+        }
+        let scale = self.loss_scale.initial();
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(MemoryError::invalid(
+                "loss scale",
+                format!("{scale}: must be finite and positive"),
+            ));
+        }
+        if let LossScale::Dynamic {
+            growth_factor,
+            backoff_factor,
+            growth_interval,
+            ..
+        } = self.loss_scale
+            && !(growth_factor >= 1.0 && backoff_factor > 0.0 && backoff_factor < 1.0 && growth_interval > 0)
+        {
+            return Err(MemoryError::invalid(
+                "dynamic loss scale",
+                format!(
+                    "growth {growth_factor} (≥ 1), backoff {backoff_factor} (in (0, 1)), \
+                     interval {growth_interval} (> 0)"
+                ),
+            ));
+        }
+        Ok(MixedPrecision {
+            compute: self.compute,
+            loss_scale: self.loss_scale,
+            scale,
+            clean_steps: 0,
+            skipped_steps: 0,
+        })
+    }
+}
+
+/// What [`MixedPrecision::step`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepOutcome {
+    /// The optimizer updated the weights.
+    Applied,
+    /// A gradient was infinite or NaN: nothing was updated and the scale backed off.
+    Skipped,
+}
+
+/// The state of a mixed-precision run: the current loss scale and its counters.
+#[derive(Clone, Debug)]
+pub struct MixedPrecision {
+    compute: Precision,
+    loss_scale: LossScale,
+    scale: f32,
+    clean_steps: usize,
+    skipped_steps: usize,
+}
+
+impl MixedPrecision {
+    /// The compute precision.
+    pub fn precision(&self) -> Precision {
+        self.compute
+    }
+
+    /// The current loss scale.
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// How many steps were skipped for non-finite gradients so far.
+    pub fn skipped_steps(&self) -> usize {
+        self.skipped_steps
+    }
+
+    /// The model with its float parameters cast to the compute type, for the forward pass.
+    /// The f32 parameters of `module` remain the ones the gradients belong to.
+    pub fn cast_module<B: AutodiffBackend, M: Module<B>>(&self, module: M) -> M {
+        if self.compute == Precision::F32 {
+            return module;
+        }
+        module.map(&mut CastParams(self.compute.dtype()))
+    }
+
+    /// An input cast to the compute type.
+    pub fn cast_input<B: AutodiffBackend, const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        if self.compute == Precision::F32 {
+            return x;
+        }
+        x.cast(self.compute.dtype())
+    }
+
+    /// The loss in f32, times the current scale: call `backward` on this.
+    pub fn scale_loss<B: AutodiffBackend, const D: usize>(&self, loss: Tensor<B, D>) -> Tensor<B, D> {
+        loss.cast(DType::F32).mul_scalar(self.scale)
+    }
+
+    /// Unscales `grads` (scaled gradients of `module`), then either runs the optimizer or, if any
+    /// gradient is infinite or NaN, skips the step and leaves `module` untouched. Updates the
+    /// loss scale. Returns the module to use next and what happened.
+    pub fn step<B, M, O>(
+        &mut self,
+        optimizer: &mut O,
+        learning_rate: f64,
+        module: M,
+        mut grads: GradientsParams,
+    ) -> (M, StepOutcome)
+    where
+        B: AutodiffBackend,
+        M: AutodiffModule<B>,
+        O: Optimizer<M, B>,
+    {
+        let mut unscale = Unscale::<B> {
+            grads: &mut grads,
+            factor: 1.0 / self.scale,
+            non_finite: None,
+        };
+        module.visit(&mut unscale);
+        let non_finite = unscale
+            .non_finite
+            .map(|count| count.into_scalar().elem::<i64>() > 0)
+            .unwrap_or(false);
+
+        if non_finite {
+            self.skipped_steps += 1;
+            self.clean_steps = 0;
+            if let LossScale::Dynamic { backoff_factor, .. } = self.loss_scale {
+                self.scale *= backoff_factor;
+            }
+            tracing::warn!(
+                "mixed precision: non-finite gradients, step skipped; loss scale now {}",
+                self.scale
+            );
+            return (module, StepOutcome::Skipped);
+        }
+
+        let module = optimizer.step(learning_rate, module, grads);
+        self.clean_steps += 1;
+        if let LossScale::Dynamic {
+            growth_factor,
+            growth_interval,
+            ..
+        } = self.loss_scale
+            && self.clean_steps >= growth_interval
+        {
+            self.clean_steps = 0;
+            if (self.scale * growth_factor).is_finite() {
+                self.scale *= growth_factor;
+                tracing::debug!("mixed precision: loss scale grows to {}", self.scale);
+            }
+        }
+        (module, StepOutcome::Applied)
+    }
+}
+
+use burn::tensor::ElementConversion;
+
+/// Casts every float parameter, keeping its id so that gradients still map to it.
+struct CastParams(DType);
+
+impl<B: AutodiffBackend> ModuleMapper<B> for CastParams {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let dtype = self.0;
+        param.map(|tensor| tensor.cast(dtype))
+    }
+}
+
+/// Divides each parameter's gradient by the scale and counts its non-finite entries, on the
+/// device: one read for the whole model decides whether to skip.
+struct Unscale<'a, B: AutodiffBackend> {
+    grads: &'a mut GradientsParams,
+    factor: f32,
+    non_finite: Option<Tensor<B::InnerBackend, 1, Int>>,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Unscale<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) else {
+            return;
+        };
+        let bad = grad.clone().is_finite().bool_not().int().sum();
+        self.non_finite = Some(match self.non_finite.take() {
+            Some(count) => count + bad,
+            None => bad,
+        });
+        self.grads.register(param.id, grad.mul_scalar(self.factor));
+    }
+}

@@ -1,0 +1,70 @@
+//! Inference over inputs too large for one pass.
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+
+use crate::MemoryError;
+
+/// Runs `forward` over `input` in chunks of at most `chunk_size` rows (dimension 0) and returns
+/// what one pass over the whole input would: row-wise models (linear layers, MLPs, per-sample
+/// networks in inference mode) give identical results.
+///
+/// Peak memory is bounded by the input, the output, and the activations of **one** chunk: each
+/// chunk's output is written into an output tensor allocated once (after the first chunk shows
+/// the output's shape and element type), and its activations are freed before the next chunk
+/// runs. A single pass would instead hold the activations of all rows at once.
+///
+/// ```
+/// use burn::backend::NdArray;
+/// use burn::nn::LinearConfig;
+/// use burn::tensor::{Distribution, Tensor};
+/// use burn_memory::chunked_forward;
+///
+/// let device = Default::default();
+/// let layer = LinearConfig::new(32, 8).init::<NdArray>(&device);
+/// let x = Tensor::<NdArray, 2>::random([1000, 32], Distribution::Default, &device);
+/// let y = chunked_forward(x.clone(), 128, |chunk| layer.forward(chunk)).unwrap();
+/// y.into_data().assert_approx_eq::<f32>(&layer.forward(x).into_data(), Default::default());
+/// ```
+pub fn chunked_forward<B, const D: usize, const D2: usize>(
+    input: Tensor<B, D>,
+    chunk_size: usize,
+    mut forward: impl FnMut(Tensor<B, D>) -> Tensor<B, D2>,
+) -> Result<Tensor<B, D2>, MemoryError>
+where
+    B: Backend,
+{
+    if chunk_size == 0 {
+        return Err(MemoryError::invalid("chunk size", "0 rows"));
+    }
+    let rows = input.dims()[0];
+    if rows == 0 {
+        return Err(MemoryError::invalid("input", "0 rows"));
+    }
+    if rows <= chunk_size {
+        return Ok(forward(input));
+    }
+    let device = input.device();
+    let mut output: Option<Tensor<B, D2>> = None;
+    for start in (0..rows).step_by(chunk_size) {
+        let len = chunk_size.min(rows - start);
+        let part = forward(input.clone().narrow(0, start, len));
+        let part_rows = part.dims()[0];
+        if part_rows != len {
+            return Err(MemoryError::invalid(
+                "forward",
+                format!("returned {part_rows} rows for a chunk of {len}: it must map rows to rows"),
+            ));
+        }
+        let out = match output.take() {
+            Some(out) => out,
+            None => {
+                let mut dims = part.dims();
+                dims[0] = rows;
+                Tensor::empty(dims, (&device, part.dtype()))
+            }
+        };
+        output = Some(out.slice_assign([start..start + len], part));
+    }
+    Ok(output.expect("at least one chunk ran"))
+}

@@ -1,0 +1,118 @@
+//! Where each backend's memory figures come from.
+//!
+//! Burn 0.21's `Backend` trait has no memory query, so this crate adds one, [`DeviceMemory`],
+//! implemented beside it for every backend family (Rust's orphan rule puts them here):
+//! NdArray reports the process, CubeCL backends (`Wgpu`, `Cuda`) their memory pools, and the
+//! `Fusion` and `Autodiff` wrappers the backend they wrap.
+
+use burn::tensor::backend::Backend;
+
+use crate::{MemoryError, MemoryUsage};
+
+/// Where a backend's tensors live, which decides how the peak is obtained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemorySource {
+    /// In this process's heap (CPU backends): figures are the process's resident memory.
+    Process,
+    /// In memory pools on a device (CubeCL backends): figures are the pools'.
+    DevicePools,
+}
+
+/// A backend whose device memory can be read.
+pub trait DeviceMemory: Backend {
+    /// Where this backend's tensors live.
+    const SOURCE: MemorySource;
+
+    /// Memory in use and reserved on `device`, as of the work submitted so far (call
+    /// `Backend::sync` first to include queued lazy work; [`crate::MemoryTracker`] does).
+    fn memory_usage(device: &Self::Device) -> Result<MemoryUsage, MemoryError>;
+
+    /// The device's total memory, where the backend knows it: the machine's RAM for CPU
+    /// backends and CUDA's `cuDeviceTotalMem` for CUDA; `None` for wgpu, which does not expose
+    /// it.
+    fn memory_capacity(device: &Self::Device) -> Option<u64>;
+}
+
+#[cfg(feature = "ndarray")]
+impl<E, I, Q> DeviceMemory for burn_ndarray::NdArray<E, I, Q>
+where
+    burn_ndarray::NdArrayTensor:
+        From<burn_ndarray::SharedArray<E>> + From<burn_ndarray::SharedArray<I>>,
+    Self: Backend,
+{
+    const SOURCE: MemorySource = MemorySource::Process;
+
+    fn memory_usage(_device: &Self::Device) -> Result<MemoryUsage, MemoryError> {
+        let resident = crate::process::resident_bytes()?;
+        Ok(MemoryUsage {
+            in_use: resident,
+            reserved: resident,
+        })
+    }
+
+    fn memory_capacity(_device: &Self::Device) -> Option<u64> {
+        Some(crate::process::total_bytes())
+    }
+}
+
+#[cfg(feature = "cubecl")]
+impl<R, F, I, BT> DeviceMemory for burn_cubecl::CubeBackend<R, F, I, BT>
+where
+    R: burn_cubecl::CubeRuntime,
+    F: burn_cubecl::FloatElement,
+    I: burn_cubecl::IntElement,
+    BT: burn_cubecl::BoolElement,
+{
+    const SOURCE: MemorySource = MemorySource::DevicePools;
+
+    fn memory_usage(device: &Self::Device) -> Result<MemoryUsage, MemoryError> {
+        let usage = R::client(device)
+            .memory_usage()
+            .map_err(|error| MemoryError::Backend(format!("{error:?}")))?;
+        Ok(MemoryUsage {
+            in_use: usage.bytes_in_use,
+            reserved: usage.bytes_reserved,
+        })
+    }
+
+    fn memory_capacity(device: &Self::Device) -> Option<u64> {
+        use burn_cubecl::cubecl::Runtime;
+        let client = R::client(device);
+        // CubeCL 0.10 does not expose the device's size, but its CUDA runtime derives the
+        // largest page from it: `max_page_size = cuDeviceTotalMem / 4` (cubecl-cuda's
+        // `runtime.rs`). Other runtimes set the page size from unrelated limits.
+        (<R as Runtime>::name(&client) == "cuda").then(|| client.properties().memory.max_page_size * 4)
+    }
+}
+
+#[cfg(feature = "fusion")]
+impl<B> DeviceMemory for burn_fusion::Fusion<B>
+where
+    B: burn_fusion::FusionBackend + DeviceMemory,
+{
+    const SOURCE: MemorySource = B::SOURCE;
+
+    fn memory_usage(device: &Self::Device) -> Result<MemoryUsage, MemoryError> {
+        B::memory_usage(device)
+    }
+
+    fn memory_capacity(device: &Self::Device) -> Option<u64> {
+        B::memory_capacity(device)
+    }
+}
+
+impl<B, C> DeviceMemory for burn::backend::Autodiff<B, C>
+where
+    B: DeviceMemory,
+    C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy,
+{
+    const SOURCE: MemorySource = B::SOURCE;
+
+    fn memory_usage(device: &Self::Device) -> Result<MemoryUsage, MemoryError> {
+        B::memory_usage(device)
+    }
+
+    fn memory_capacity(device: &Self::Device) -> Option<u64> {
+        B::memory_capacity(device)
+    }
+}

@@ -1,0 +1,58 @@
+//! The error type of the crate.
+
+use std::path::PathBuf;
+
+/// Why a memory operation could not be done.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// The backend could not report its memory (for example a CubeCL server error).
+    #[error("the backend could not report its memory: {0}")]
+    Backend(String),
+    /// Process memory is not available on this platform.
+    #[error("process memory cannot be read on this platform: {0}")]
+    Unsupported(&'static str),
+    /// A file could not be read or written.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A plot could not be drawn.
+    #[error("cannot draw the plot {path}: {message}")]
+    Plot {
+        /// The file.
+        path: PathBuf,
+        /// What the plotting library said.
+        message: String,
+    },
+    /// An argument was out of its range.
+    #[error("invalid {name}: {message}")]
+    Invalid {
+        /// The argument.
+        name: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The device cannot compute in the requested element type.
+    #[error("the device does not support {0:?} arithmetic; use another precision or backend")]
+    UnsupportedPrecision(burn::tensor::DType),
+    /// A batch-size search found no batch size that fits.
+    #[error("no batch size fits: the smallest tried, {batch_size}, {reason}")]
+    NothingFits {
+        /// The smallest batch size tried.
+        batch_size: usize,
+        /// Why it did not fit.
+        reason: String,
+    },
+}
+
+impl MemoryError {
+    pub(crate) fn invalid(name: &'static str, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            name,
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! `MemoryTracker`: in use, reserved and peak on one device, and `profile`.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::device::MemorySource;
+use crate::{Bytes, DeviceMemory, MemoryError, MemoryUsage};
+
+/// Memory figures of one device, with a peak since the last reset: Burn's counterpart of
+/// `torch.cuda.memory_allocated`, `memory_reserved`, `max_memory_allocated` and
+/// `reset_peak_memory_stats`.
+///
+/// # How the peak is obtained, and how accurate it is
+///
+/// - **CPU backends (NdArray)**: on Linux, the peak is the kernel's resident high-water mark
+///   for the process (`VmHWM`), which [`reset_peak`](Self::reset_peak) resets through
+///   `/proc/self/clear_refs`. The kernel updates it on every page fault, so it is exact at page
+///   granularity (4 KiB) and sees every transient allocation, but it counts the whole process:
+///   code, data loaders, allocator caches. Elsewhere it is the largest sampled value, as below.
+/// - **CubeCL backends (Wgpu, Cuda)**: CubeCL counts bytes in use and reserved but keeps no
+///   peak, so the tracker keeps the largest values it has *sampled*: at every call of
+///   [`usage`](Self::usage), [`peak`](Self::peak) and [`profile`](Self::profile), and at every
+///   tick of a [`MemoryMonitor`](crate::MemoryMonitor) sharing it. The sampled in-use peak is
+///   therefore a lower bound that can miss a short-lived buffer. The reserved peak does not:
+///   the pools keep freed pages for reuse and release them only when
+///   [`reset_peak`](Self::reset_peak) cleans them up (or, for exclusive pages, after thousands
+///   of allocations), so a transient allocation stays in `reserved` until the next sample. The
+///   reserved peak is thus an upper bound on the true in-use peak, above it by the pools'
+///   page rounding.
+///
+/// [`MemoryReport::peak`] is the reserved peak on CubeCL backends and the resident peak on CPU
+/// backends: the figure a budget must be compared against.
+pub struct MemoryTracker<B: DeviceMemory> {
+    device: B::Device,
+    peaks: Arc<Mutex<MemoryUsage>>,
+    _backend: PhantomData<B>,
+}
+
+impl<B: DeviceMemory> Clone for MemoryTracker<B> {
+    fn clone(&self) -> Self {
+        Self {
+            device: self.device.clone(),
+            peaks: self.peaks.clone(),
+            _backend: PhantomData,
+        }
+    }
+}
+
+impl<B: DeviceMemory> fmt::Debug for MemoryTracker<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryTracker")
+            .field("device", &self.device)
+            .field("peaks", &*self.lock())
+            .finish()
+    }
+}
+
+/// What a [`MemoryTracker::profile`]d closure did to memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryReport {
+    /// Memory before the closure ran (after a sync).
+    pub before: MemoryUsage,
+    /// Memory after the closure returned (after a sync).
+    pub after: MemoryUsage,
+    /// The peak while it ran, in the sense of [`MemoryTracker`]'s docs: the reserved peak on
+    /// CubeCL devices, the resident peak on CPU backends.
+    pub peak: u64,
+    /// The largest in-use figure sampled while it ran (a lower bound of the true in-use peak).
+    pub peak_in_use_sampled: u64,
+}
+
+impl MemoryReport {
+    /// How far the peak rose above the memory in use before the closure: what the closure
+    /// needed on top of what was already there.
+    pub fn peak_increase(&self) -> u64 {
+        self.peak.saturating_sub(self.before.in_use)
+    }
+
+    /// Memory in use after the closure minus before (negative when it freed memory).
+    pub fn retained(&self) -> i64 {
+        self.after.in_use as i64 - self.before.in_use as i64
+    }
+}
+
+impl fmt::Display for MemoryReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let retained = self.retained();
+        let sign = if retained < 0 { "-" } else { "+" };
+        write!(
+            f,
+            "before {}; after {} ({sign}{}); peak {} (+{} over before)",
+            Bytes(self.before.in_use),
+            Bytes(self.after.in_use),
+            Bytes(retained.unsigned_abs()),
+            Bytes(self.peak),
+            Bytes(self.peak_increase()),
+        )
+    }
+}
+
+impl<B: DeviceMemory> MemoryTracker<B> {
+    /// A tracker of `device` whose peak starts at the current usage.
+    pub fn new(device: &B::Device) -> Self {
+        let tracker = Self {
+            device: device.clone(),
+            peaks: Arc::new(Mutex::new(MemoryUsage::default())),
+            _backend: PhantomData,
+        };
+        if let Err(error) = tracker.reset_peak() {
+            tracing::warn!("memory tracker: cannot read device memory: {error}");
+        }
+        tracker
+    }
+
+    /// The tracked device.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// Memory in use and reserved now, after the device has run all submitted work. Also a
+    /// peak sample.
+    pub fn usage(&self) -> Result<MemoryUsage, MemoryError> {
+        B::sync(&self.device).map_err(|error| MemoryError::Backend(format!("{error:?}")))?;
+        self.sample()
+    }
+
+    /// Reads the device without waiting for queued work and records it as a peak sample: what
+    /// [`MemoryMonitor`](crate::MemoryMonitor) calls from its thread.
+    pub fn sample(&self) -> Result<MemoryUsage, MemoryError> {
+        let usage = B::memory_usage(&self.device)?;
+        let mut peaks = self.lock();
+        peaks.in_use = peaks.in_use.max(usage.in_use);
+        peaks.reserved = peaks.reserved.max(usage.reserved);
+        Ok(usage)
+    }
+
+    /// The peak since the last reset (see the type's docs for how it is obtained): the
+    /// resident peak on CPU backends, the reserved peak on CubeCL devices.
+    pub fn peak(&self) -> Result<u64, MemoryError> {
+        self.usage()?;
+        Ok(self.current_peak())
+    }
+
+    /// The peak as of the samples taken so far, without waiting for the device.
+    pub fn current_peak(&self) -> u64 {
+        let peaks = *self.lock();
+        match B::SOURCE {
+            MemorySource::Process => crate::process::peak_resident_bytes()
+                .map_or(peaks.reserved, |kernel| kernel.max(peaks.reserved)),
+            MemorySource::DevicePools => peaks.reserved,
+        }
+    }
+
+    /// The largest in-use figure sampled since the last reset.
+    pub fn peak_in_use_sampled(&self) -> u64 {
+        self.lock().in_use
+    }
+
+    /// Starts a new peak period: waits for the device, returns the pools' cached free pages to
+    /// the device (CubeCL) or resets the kernel's high-water mark (CPU), and sets the peak to the
+    /// current usage.
+    pub fn reset_peak(&self) -> Result<(), MemoryError> {
+        B::sync(&self.device).map_err(|error| MemoryError::Backend(format!("{error:?}")))?;
+        B::memory_cleanup(&self.device);
+        B::sync(&self.device).map_err(|error| MemoryError::Backend(format!("{error:?}")))?;
+        if B::SOURCE == MemorySource::Process {
+            crate::process::reset_peak();
+        }
+        let usage = B::memory_usage(&self.device)?;
+        *self.lock() = usage;
+        Ok(())
+    }
+
+    /// Runs `f` between a peak reset and a sync, and reports memory before, after and at the
+    /// peak. Memory still held by the closure's result counts as `after`.
+    pub fn profile<T>(&self, f: impl FnOnce() -> T) -> Result<(T, MemoryReport), MemoryError> {
+        self.reset_peak()?;
+        let before = self.usage()?;
+        let output = f();
+        let after = self.usage()?;
+        let report = MemoryReport {
+            before,
+            after,
+            peak: self.peak()?,
+            peak_in_use_sampled: self.peak_in_use_sampled(),
+        };
+        Ok((output, report))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryUsage> {
+        self.peaks.lock().unwrap_or_else(|poison| poison.into_inner())
+    }
+}
