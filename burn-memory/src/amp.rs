@@ -39,7 +39,7 @@
 //!     .init::<B>(&device)
 //!     .unwrap();
 //! let x = Tensor::<B, 2>::random([16, 4], Distribution::Default, &device);
-//! let y = amp.cast_module(model.clone()).forward(amp.cast_input(x));
+//! let y = amp.cast_module(&model).forward(amp.cast_input(x));
 //! let loss = y.powi_scalar(2).mean();
 //! let grads = GradientsParams::from_grads(amp.scale_loss(loss).backward(), &model);
 //! let outcome;
@@ -223,12 +223,18 @@ impl MixedPrecision {
     }
 
     /// The model with its float parameters cast to the compute type, for the forward pass.
-    /// The f32 parameters of `module` remain the ones the gradients belong to.
-    pub fn cast_module<B: AutodiffBackend, M: Module<B>>(&self, module: M) -> M {
+    /// The f32 parameters of `module` remain the ones the gradients belong to: compute the
+    /// gradients with `GradientsParams::from_grads(grads, module)`.
+    ///
+    /// Parameters that are still lazily uninitialised are initialised in `module` first: a
+    /// clone of an uninitialised Burn parameter initialises separately, which would give the
+    /// forward pass different weights from the ones the optimizer updates.
+    pub fn cast_module<B: AutodiffBackend, M: Module<B>>(&self, module: &M) -> M {
+        module.visit(&mut Materialize);
         if self.compute == Precision::F32 {
-            return module;
+            return module.clone();
         }
-        module.map(&mut CastParams(self.compute.dtype()))
+        module.clone().map(&mut CastParams(self.compute.dtype()))
     }
 
     /// An input cast to the compute type.
@@ -303,6 +309,15 @@ impl MixedPrecision {
 }
 
 use burn::tensor::ElementConversion;
+
+/// Initialises lazily initialised parameters in place.
+struct Materialize;
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Materialize {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let _ = param.val();
+    }
+}
 
 /// Casts every float parameter, keeping its id so that gradients still map to it.
 struct CastParams(DType);

@@ -16,7 +16,7 @@
 //! ```
 //! use burn::backend::{Autodiff, NdArray};
 //! use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-//! use burn::tensor::{Distribution, Tensor};
+//! use burn::tensor::Tensor;
 //! use burn_memory::{Checkpointing, WithAutodiff};
 //!
 //! /// One forward and backward pass; returns the gradient's sum.
@@ -25,7 +25,7 @@
 //!     type Output = f32;
 //!     fn run<C: CheckpointStrategy>(self) -> f32 {
 //!         let device = Default::default();
-//!         let x = Tensor::<Autodiff<NdArray, C>, 2>::random([8, 8], Distribution::Default, &device)
+//!         let x = Tensor::<Autodiff<NdArray, C>, 1>::from_floats([0.1, 0.2, 0.3], &device)
 //!             .require_grad();
 //!         let grads = x.clone().exp().sin().sum().backward();
 //!         x.grad(&grads).unwrap().sum().into_scalar()

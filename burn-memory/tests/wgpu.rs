@@ -199,7 +199,7 @@ fn f16_mixed_precision_training_reduces_the_loss() {
 
     let mut losses = Vec::new();
     for _ in 0..40 {
-        let out = amp.cast_module(model.clone()).forward(amp.cast_input(x.clone()));
+        let out = amp.cast_module(&model).forward(amp.cast_input(x.clone()));
         assert_eq!(out.dtype(), DType::F16, "the forward pass must run in f16");
         let loss = (out.cast(DType::F32) - y.clone()).powi_scalar(2).mean();
         losses.push(loss.clone().into_scalar());

@@ -1,0 +1,93 @@
+//! Batch-size search on NdArray, where the peak is the kernel's exact resident high-water mark.
+//! One test in its own binary: other tests allocating in the same process would move the peak.
+
+use burn::backend::NdArray;
+use burn::tensor::{Distribution, Tensor};
+use burn_memory::{
+    BatchSizeSearchConfig, MemoryBudget, MemoryError, MemoryTracker, TrialFailure, TrialOutcome,
+};
+
+type B = NdArray;
+
+/// A "training step" whose memory grows with the batch: 1 MiB of touched f32 per sample, plus
+/// a product of the same size.
+fn step(batch: usize) -> Result<(), TrialFailure> {
+    let device = Default::default();
+    let x = Tensor::<B, 2>::random([batch, 256 * 1024], Distribution::Default, &device);
+    let y = x.clone().mul_scalar(2.0) + x;
+    assert!(y.sum().into_scalar().is_finite());
+    Ok(())
+}
+
+#[test]
+fn search_respects_the_budget_and_recovers_from_out_of_memory() {
+    let device = Default::default();
+    let base = MemoryTracker::<B>::new(&device).usage().unwrap().in_use;
+
+    // Budget: the current process plus 80 MiB. Each sample needs 2-3 MiB at the peak.
+    let budget = base + 80 * 1024 * 1024;
+    let search = BatchSizeSearchConfig::new(MemoryBudget::Bytes(budget))
+        .with_max(1024)
+        .init::<B>(&device)
+        .unwrap();
+    let result = search.run(step).unwrap();
+    eprintln!("{result}");
+    let chosen = result
+        .trials
+        .iter()
+        .find(|t| t.batch_size == result.batch_size && t.outcome == TrialOutcome::Fits)
+        .expect("the chosen size was tried and fit");
+    assert!(chosen.peak <= budget);
+    // The next size up was tried and was over budget.
+    let next = result
+        .trials
+        .iter()
+        .find(|t| t.batch_size == result.batch_size + 1)
+        .expect("the size above the result was tried");
+    assert_eq!(next.outcome, TrialOutcome::OverBudget, "{result}");
+    assert!(next.peak > budget);
+    assert!(
+        (10..=40).contains(&result.batch_size),
+        "80 MiB at 2-3 MiB per sample should give 10-40, got {}",
+        result.batch_size
+    );
+
+    // An out-of-memory failure, returned or panicked, is contained and counts as "too big".
+    let search = BatchSizeSearchConfig::new(MemoryBudget::FractionOfDevice(1.0))
+        .with_max(64)
+        .init::<B>(&device)
+        .unwrap();
+    let result = search
+        .run(|batch| {
+            if batch > 20 {
+                panic!("wgpu: Failed to allocate buffer: Out of Memory (batch {batch})");
+            }
+            if batch == 20 {
+                return Err(TrialFailure::OutOfMemory("CUDA_ERROR_OUT_OF_MEMORY".into()));
+            }
+            step(batch.min(4))
+        })
+        .unwrap();
+    assert_eq!(result.batch_size, 19, "{result}");
+    assert!(result
+        .trials
+        .iter()
+        .any(|t| t.batch_size == 32 && matches!(t.outcome, TrialOutcome::OutOfMemory(_))));
+
+    // Nothing fits: an error that names the smallest size.
+    let search = BatchSizeSearchConfig::new(MemoryBudget::Bytes(1)).init::<B>(&device).unwrap();
+    let err = search.run(step).unwrap_err();
+    assert!(matches!(err, MemoryError::NothingFits { batch_size: 1, .. }), "{err}");
+
+    // A panic that is not about memory is a bug, and is not swallowed.
+    let search = BatchSizeSearchConfig::new(MemoryBudget::FractionOfDevice(1.0))
+        .init::<B>(&device)
+        .unwrap();
+    let bug = std::panic::catch_unwind(|| search.run(|_| panic!("index out of bounds")));
+    assert!(bug.is_err());
+
+    // Bad settings are refused.
+    assert!(BatchSizeSearchConfig::new(MemoryBudget::Bytes(0)).init::<B>(&device).is_err());
+    assert!(BatchSizeSearchConfig::new(MemoryBudget::FractionOfDevice(1.5)).init::<B>(&device).is_err());
+    assert!(BatchSizeSearchConfig::new(MemoryBudget::Bytes(1)).with_start(0).init::<B>(&device).is_err());
+}

@@ -1,0 +1,244 @@
+//! The memory tools on NdArray (process memory) and the logic that does not depend on a device.
+
+use std::time::{Duration, Instant};
+
+use burn::backend::{Autodiff, NdArray};
+use burn::module::{AutodiffModule, Module};
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::{GradientsAccumulator, GradientsParams, SgdConfig};
+use burn::tensor::{Distribution, Tensor, TensorData, Tolerance};
+use burn_memory::{
+    LossScale, MemoryError, MemoryMonitor, MemoryTracker, MixedPrecision, MixedPrecisionConfig,
+    Precision, StepOutcome, chunked_forward,
+};
+
+type B = NdArray;
+type A = Autodiff<NdArray>;
+
+fn weights(model: &Linear<A>) -> TensorData {
+    model.weight.val().into_data()
+}
+
+/// A fixed model and batch, so that steps can be compared exactly.
+fn setup() -> (Linear<A>, Tensor<A, 2>, Tensor<A, 2>) {
+    let device = Default::default();
+    let mut model = LinearConfig::new(3, 2).init::<A>(&device);
+    model.weight = model.weight.map(|_| {
+        Tensor::from_data(
+            TensorData::new(vec![0.1f32, -0.2, 0.3, 0.4, 0.5, -0.6], [3, 2]),
+            &device,
+        )
+        .require_grad()
+    });
+    // Initialise the lazy bias now, so that clones of the model share it.
+    let _ = model.bias.as_ref().unwrap().val();
+    let x = Tensor::from_data(
+        TensorData::new((0..24).map(|i| i as f32 / 10.0 - 1.0).collect(), [8, 3]),
+        &device,
+    );
+    let y = Tensor::from_data(
+        TensorData::new((0..16).map(|i| (i % 3) as f32).collect(), [8, 2]),
+        &device,
+    );
+    (model, x, y)
+}
+
+fn scaled_grads(amp: &MixedPrecision, model: &Linear<A>, x: Tensor<A, 2>, y: Tensor<A, 2>) -> GradientsParams {
+    let out = amp.cast_module(model).forward(amp.cast_input(x));
+    let loss = (out - y).powi_scalar(2).mean();
+    GradientsParams::from_grads(amp.scale_loss(loss).backward(), model)
+}
+
+fn f32_amp(loss_scale: LossScale) -> MixedPrecision {
+    MixedPrecisionConfig::new()
+        .with_compute(Precision::F32)
+        .with_loss_scale(loss_scale)
+        .init::<A>(&Default::default())
+        .unwrap()
+}
+
+#[test]
+fn an_infinite_gradient_skips_the_step_halves_the_scale_and_keeps_the_weights() {
+    let (model, x, y) = setup();
+    let mut amp = f32_amp(LossScale::dynamic());
+    let mut optim = SgdConfig::new().init();
+    let mut grads = scaled_grads(&amp, &model, x, y);
+    // Inject an infinite entry into the weight's gradient.
+    let grad = grads.remove::<B, 2>(model.weight.id).unwrap();
+    let poisoned = grad.slice_assign([0..1, 0..1], Tensor::from_data([[f32::INFINITY]], &Default::default()));
+    grads.register(model.weight.id, poisoned);
+
+    let before = weights(&model);
+    let (after, outcome) = amp.step(&mut optim, 0.5, model, grads);
+    assert_eq!(outcome, StepOutcome::Skipped);
+    assert_eq!(amp.scale(), 32768.0);
+    assert_eq!(amp.skipped_steps(), 1);
+    weights(&after).assert_eq(&before, true);
+}
+
+#[test]
+fn a_nan_gradient_also_skips_and_a_static_scale_stays() {
+    let (model, x, y) = setup();
+    let mut amp = f32_amp(LossScale::Static(128.0));
+    let mut optim = SgdConfig::new().init();
+    let mut grads = scaled_grads(&amp, &model, x, y);
+    let bias = model.bias.as_ref().unwrap().id;
+    let grad = grads.remove::<B, 1>(bias).unwrap();
+    grads.register(bias, grad.mul_scalar(f32::NAN));
+    let before = weights(&model);
+    let (after, outcome) = amp.step(&mut optim, 0.5, model, grads);
+    assert_eq!(outcome, StepOutcome::Skipped);
+    assert_eq!(amp.scale(), 128.0);
+    weights(&after).assert_eq(&before, true);
+}
+
+#[test]
+fn scaled_steps_equal_unscaled_ones_and_the_scale_grows_after_clean_steps() {
+    let (model, x, y) = setup();
+    let mut plain = f32_amp(LossScale::Static(1.0));
+    let mut scaled = f32_amp(LossScale::Dynamic {
+        initial: 1024.0,
+        growth_factor: 2.0,
+        backoff_factor: 0.5,
+        growth_interval: 3,
+    });
+    let (mut a, mut b) = (model.clone(), model);
+    let (mut optim_a, mut optim_b) = (SgdConfig::new().init(), SgdConfig::new().init());
+    for step in 1..=4 {
+        let grads = scaled_grads(&plain, &a, x.clone(), y.clone());
+        (a, _) = plain.step(&mut optim_a, 0.1, a, grads);
+        let grads = scaled_grads(&scaled, &b, x.clone(), y.clone());
+        let outcome;
+        (b, outcome) = scaled.step(&mut optim_b, 0.1, b, grads);
+        assert_eq!(outcome, StepOutcome::Applied);
+        let expected = if step >= 3 { 2048.0 } else { 1024.0 };
+        assert_eq!(scaled.scale(), expected, "after step {step}");
+    }
+    weights(&b).assert_approx_eq::<f32>(&weights(&a), Tolerance::absolute(1e-6));
+}
+
+#[test]
+fn gradient_accumulation_composes_with_loss_scaling() {
+    let (model, x, y) = setup();
+    let mut amp = f32_amp(LossScale::Static(256.0));
+    // One step on the whole batch.
+    let mut optim = SgdConfig::new().init();
+    let grads = scaled_grads(&amp, &model, x.clone(), y.clone());
+    let (whole, _) = amp.step(&mut optim, 0.1, model.clone(), grads);
+
+    // The same step as two accumulated halves (each loss halved, as the mean requires).
+    let mut accumulator = GradientsAccumulator::new();
+    for half in 0..2 {
+        let xs = x.clone().narrow(0, half * 4, 4);
+        let ys = y.clone().narrow(0, half * 4, 4);
+        let out = amp.cast_module(&model).forward(amp.cast_input(xs));
+        let loss = (out - ys).powi_scalar(2).mean().div_scalar(2.0);
+        let grads = GradientsParams::from_grads(amp.scale_loss(loss).backward(), &model);
+        accumulator.accumulate(&model, grads);
+    }
+    let mut optim = SgdConfig::new().init();
+    let (accumulated, outcome) = amp.step(&mut optim, 0.1, model, accumulator.grads());
+    assert_eq!(outcome, StepOutcome::Applied);
+    weights(&accumulated).assert_approx_eq::<f32>(&weights(&whole), Tolerance::absolute(1e-6));
+}
+
+#[test]
+fn half_precision_on_ndarray_is_refused_and_bad_scales_rejected() {
+    let device = Default::default();
+    for precision in [Precision::F16, Precision::Bf16] {
+        let err = MixedPrecisionConfig::new().with_compute(precision).init::<A>(&device).unwrap_err();
+        assert!(matches!(err, MemoryError::UnsupportedPrecision(_)), "{err}");
+    }
+    for scale in [0.0, -1.0, f32::INFINITY] {
+        let err = MixedPrecisionConfig::new()
+            .with_compute(Precision::F32)
+            .with_loss_scale(LossScale::Static(scale))
+            .init::<A>(&device)
+            .unwrap_err();
+        assert!(matches!(err, MemoryError::Invalid { .. }), "{err}");
+    }
+}
+
+#[test]
+fn tracker_reports_process_memory() {
+    let device = Default::default();
+    let tracker = MemoryTracker::<B>::new(&device);
+    // 64 MiB of random f32, every page touched.
+    let (sum, report) = tracker
+        .profile(|| {
+            let x = Tensor::<B, 2>::random([4096, 4096], Distribution::Uniform(0.0, 1.0), &device);
+            x.sum().into_scalar()
+        })
+        .unwrap();
+    assert!(sum > 0.0);
+    assert!(
+        report.peak >= report.before.in_use + 60 * 1024 * 1024,
+        "the 64 MiB transient is missing from the peak: {report}"
+    );
+}
+
+#[test]
+fn monitor_records_a_timeline_writes_csv_and_plots_and_its_thread_ends() {
+    let device = Default::default();
+    let dir = tempfile::tempdir().unwrap();
+    let monitor = MemoryMonitor::start(MemoryTracker::<B>::new(&device), Duration::from_millis(2));
+    monitor.mark("allocate");
+    let x = Tensor::<B, 2>::random([1024, 1024], Distribution::Default, &device);
+    std::thread::sleep(Duration::from_millis(30));
+    monitor.mark("multiply");
+    let y = x.clone().matmul(x);
+    let _ = y.sum().into_scalar();
+    std::thread::sleep(Duration::from_millis(30));
+    let timeline = monitor.stop();
+
+    assert!(timeline.samples.len() >= 5, "{}", timeline.summary());
+    assert!(timeline.samples.windows(2).all(|w| w[0].seconds <= w[1].seconds));
+    let labels: Vec<_> = timeline.phases.iter().map(|p| p.label.as_str()).collect();
+    assert_eq!(labels, ["allocate", "multiply"]);
+    let stats = timeline.stats().unwrap();
+    assert!(stats.max >= stats.last && stats.mean > 0.0 && stats.max as f64 >= stats.mean);
+
+    let csv = dir.path().join("memory.csv");
+    timeline.write_csv(&csv).unwrap();
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("seconds,in_use_bytes,reserved_bytes,phase"));
+    assert_eq!(lines.clone().count(), timeline.samples.len());
+    assert!(lines.any(|line| line.ends_with(",multiply")));
+
+    let png = dir.path().join("memory.png");
+    timeline.plot(&png, "test").unwrap();
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    let svg = dir.path().join("memory.svg");
+    timeline.plot(&svg, "test").unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("<svg") && text.contains("multiply"), "labels missing from the SVG");
+
+    // A long interval must not delay stopping: the thread wakes up when told to stop.
+    let monitor = MemoryMonitor::start(MemoryTracker::<B>::new(&device), Duration::from_secs(60));
+    let started = Instant::now();
+    let timeline = monitor.stop();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(timeline.samples.len(), 1);
+    // Dropping without `stop` also ends it (the drop joins the thread).
+    let started = Instant::now();
+    drop(MemoryMonitor::start(MemoryTracker::<B>::new(&device), Duration::from_secs(60)));
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn chunked_inference_equals_one_pass_and_rejects_bad_chunks() {
+    let device = Default::default();
+    let model = LinearConfig::new(20, 7).init::<A>(&device).valid();
+    let x = Tensor::<B, 2>::random([333, 20], Distribution::Default, &device);
+    let whole = model.forward(x.clone()).into_data();
+    for chunk in [1, 10, 100, 332, 333, 1000] {
+        let chunked = chunked_forward(x.clone(), chunk, |c| model.forward(c)).unwrap();
+        chunked.into_data().assert_approx_eq::<f32>(&whole, Tolerance::absolute(1e-6));
+    }
+    assert!(chunked_forward(x.clone(), 0, |c| model.forward(c)).is_err());
+    let err = chunked_forward(x, 10, |c| c.narrow(0, 0, 1)).unwrap_err();
+    assert!(err.to_string().contains("rows"), "{err}");
+    let _ = Module::<B>::num_params(&model);
+}
