@@ -72,12 +72,19 @@ pub struct BatchSizeSearchConfig {
     /// The largest batch size worth trying (the dataset size, say).
     #[config(default = 65536)]
     pub max: usize,
+    /// Bisection tries only multiples of this (8 or 64 suit tensor cores), and stops when the
+    /// sizes that fit and do not fit are this close: fewer trials than bisecting to 1.
+    #[config(default = 1)]
+    pub multiple_of: usize,
 }
 
 impl BatchSizeSearchConfig {
     /// A search on `device`. Fails for an empty range, a budget that is not positive, or a
     /// fraction of a device whose size the backend does not report.
     pub fn init<B: DeviceMemory>(&self, device: &B::Device) -> Result<BatchSizeSearch<B>, MemoryError> {
+        if self.multiple_of == 0 {
+            return Err(MemoryError::invalid("multiple_of", "0"));
+        }
         if self.start == 0 || self.start > self.max {
             return Err(MemoryError::invalid(
                 "batch-size range",
@@ -110,6 +117,7 @@ impl BatchSizeSearchConfig {
             budget,
             start: self.start,
             max: self.max,
+            multiple_of: self.multiple_of,
         })
     }
 }
@@ -186,6 +194,7 @@ pub struct BatchSizeSearch<B: DeviceMemory> {
     budget: u64,
     start: usize,
     max: usize,
+    multiple_of: usize,
 }
 
 impl<B: DeviceMemory> BatchSizeSearch<B> {
@@ -239,10 +248,14 @@ impl<B: DeviceMemory> BatchSizeSearch<B> {
                 break;
             }
         }
-        // Bisection between the two.
+        // Bisection between the two, on multiples of `multiple_of`.
         if let Some(mut bad) = bad {
-            while bad - good > 1 {
-                let mid = good + (bad - good) / 2;
+            let m = self.multiple_of;
+            loop {
+                let mid = (good + (bad - good) / 2) / m * m;
+                if mid <= good || mid >= bad {
+                    break;
+                }
                 if fits(mid, &mut trials)? {
                     good = mid;
                 } else {

@@ -18,14 +18,25 @@ pub enum MemorySource {
     DevicePools,
 }
 
+/// The execution stream whose memory is read. CubeCL 0.10 gives each thread its own stream
+/// with its own memory pools, so a reading taken on another thread (a monitor's) must name the
+/// stream of the thread that runs the model; trackers capture it when they are created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryStream(pub(crate) u64);
+
 /// A backend whose device memory can be read.
 pub trait DeviceMemory: Backend {
     /// Where this backend's tensors live.
     const SOURCE: MemorySource;
 
-    /// Memory in use and reserved on `device`, as of the work submitted so far (call
-    /// `Backend::sync` first to include queued lazy work; [`crate::MemoryTracker`] does).
-    fn memory_usage(device: &Self::Device) -> Result<MemoryUsage, MemoryError>;
+    /// The calling thread's stream.
+    fn current_stream() -> MemoryStream {
+        MemoryStream(0)
+    }
+
+    /// Memory in use and reserved on `device` by `stream`, as of the work submitted so far
+    /// (call `Backend::sync` first to include queued lazy work; [`crate::MemoryTracker`] does).
+    fn memory_usage(device: &Self::Device, stream: MemoryStream) -> Result<MemoryUsage, MemoryError>;
 
     /// The device's total memory, where the backend knows it: the machine's RAM for CPU
     /// backends and CUDA's `cuDeviceTotalMem` for CUDA; `None` for wgpu, which does not expose
@@ -42,7 +53,7 @@ where
 {
     const SOURCE: MemorySource = MemorySource::Process;
 
-    fn memory_usage(_device: &Self::Device) -> Result<MemoryUsage, MemoryError> {
+    fn memory_usage(_device: &Self::Device, _stream: MemoryStream) -> Result<MemoryUsage, MemoryError> {
         let resident = crate::process::resident_bytes()?;
         Ok(MemoryUsage {
             in_use: resident,
@@ -65,8 +76,16 @@ where
 {
     const SOURCE: MemorySource = MemorySource::DevicePools;
 
-    fn memory_usage(device: &Self::Device) -> Result<MemoryUsage, MemoryError> {
-        let usage = R::client(device)
+    fn current_stream() -> MemoryStream {
+        MemoryStream(burn_cubecl::cubecl::stream_id::StreamId::current().value)
+    }
+
+    fn memory_usage(device: &Self::Device, stream: MemoryStream) -> Result<MemoryUsage, MemoryError> {
+        let mut client = R::client(device);
+        // SAFETY: the stream only selects which stream's memory pools this client (a clone
+        // used for this one query) reports; no work is submitted through it.
+        unsafe { client.set_stream(burn_cubecl::cubecl::stream_id::StreamId { value: stream.0 }) };
+        let usage = client
             .memory_usage()
             .map_err(|error| MemoryError::Backend(format!("{error:?}")))?;
         Ok(MemoryUsage {
@@ -92,8 +111,12 @@ where
 {
     const SOURCE: MemorySource = B::SOURCE;
 
-    fn memory_usage(device: &Self::Device) -> Result<MemoryUsage, MemoryError> {
-        B::memory_usage(device)
+    fn current_stream() -> MemoryStream {
+        B::current_stream()
+    }
+
+    fn memory_usage(device: &Self::Device, stream: MemoryStream) -> Result<MemoryUsage, MemoryError> {
+        B::memory_usage(device, stream)
     }
 
     fn memory_capacity(device: &Self::Device) -> Option<u64> {
@@ -108,8 +131,12 @@ where
 {
     const SOURCE: MemorySource = B::SOURCE;
 
-    fn memory_usage(device: &Self::Device) -> Result<MemoryUsage, MemoryError> {
-        B::memory_usage(device)
+    fn current_stream() -> MemoryStream {
+        B::current_stream()
+    }
+
+    fn memory_usage(device: &Self::Device, stream: MemoryStream) -> Result<MemoryUsage, MemoryError> {
+        B::memory_usage(device, stream)
     }
 
     fn memory_capacity(device: &Self::Device) -> Option<u64> {

@@ -55,7 +55,7 @@ pub use batch_search::{
 };
 pub use checkpointing::{Checkpointing, WithAutodiff};
 pub use chunked::chunked_forward;
-pub use device::DeviceMemory;
+pub use device::{DeviceMemory, MemorySource, MemoryStream};
 pub use error::MemoryError;
 #[cfg(feature = "train")]
 pub use metric::{DeviceMemoryMetric, MemoryQuantity};

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::device::MemorySource;
+use crate::device::{MemorySource, MemoryStream};
 use crate::{Bytes, DeviceMemory, MemoryError, MemoryUsage};
 
 /// Memory figures of one device, with a peak since the last reset: Burn's counterpart of
@@ -35,6 +35,7 @@ use crate::{Bytes, DeviceMemory, MemoryError, MemoryUsage};
 /// backends: the figure a budget must be compared against.
 pub struct MemoryTracker<B: DeviceMemory> {
     device: B::Device,
+    stream: MemoryStream,
     peaks: Arc<Mutex<MemoryUsage>>,
     _backend: PhantomData<B>,
 }
@@ -43,6 +44,7 @@ impl<B: DeviceMemory> Clone for MemoryTracker<B> {
     fn clone(&self) -> Self {
         Self {
             device: self.device.clone(),
+            stream: self.stream,
             peaks: self.peaks.clone(),
             _backend: PhantomData,
         }
@@ -102,10 +104,13 @@ impl fmt::Display for MemoryReport {
 }
 
 impl<B: DeviceMemory> MemoryTracker<B> {
-    /// A tracker of `device` whose peak starts at the current usage.
+    /// A tracker of `device` whose peak starts at the current usage. It reports the memory of
+    /// the calling thread's stream (the thread that runs the model), also when it is read from
+    /// another thread.
     pub fn new(device: &B::Device) -> Self {
         let tracker = Self {
             device: device.clone(),
+            stream: B::current_stream(),
             peaks: Arc::new(Mutex::new(MemoryUsage::default())),
             _backend: PhantomData,
         };
@@ -130,7 +135,7 @@ impl<B: DeviceMemory> MemoryTracker<B> {
     /// Reads the device without waiting for queued work and records it as a peak sample: what
     /// [`MemoryMonitor`](crate::MemoryMonitor) calls from its thread.
     pub fn sample(&self) -> Result<MemoryUsage, MemoryError> {
-        let usage = B::memory_usage(&self.device)?;
+        let usage = B::memory_usage(&self.device, self.stream)?;
         let mut peaks = self.lock();
         peaks.in_use = peaks.in_use.max(usage.in_use);
         peaks.reserved = peaks.reserved.max(usage.reserved);
@@ -169,7 +174,7 @@ impl<B: DeviceMemory> MemoryTracker<B> {
         if B::SOURCE == MemorySource::Process {
             crate::process::reset_peak();
         }
-        let usage = B::memory_usage(&self.device)?;
+        let usage = B::memory_usage(&self.device, self.stream)?;
         *self.lock() = usage;
         Ok(())
     }

@@ -74,6 +74,24 @@ fn search_respects_the_budget_and_recovers_from_out_of_memory() {
         .iter()
         .any(|t| t.batch_size == 32 && matches!(t.outcome, TrialOutcome::OutOfMemory(_))));
 
+    // On multiples of 4 only, the same failures give 16, found without trying 17-19.
+    let search = BatchSizeSearchConfig::new(MemoryBudget::FractionOfDevice(1.0))
+        .with_max(64)
+        .with_start(4)
+        .with_multiple_of(4)
+        .init::<B>(&device)
+        .unwrap();
+    let result = search
+        .run(|batch| {
+            if batch >= 20 {
+                return Err(TrialFailure::OutOfMemory("CUDA_ERROR_OUT_OF_MEMORY".into()));
+            }
+            step(batch.min(4))
+        })
+        .unwrap();
+    assert_eq!(result.batch_size, 16, "{result}");
+    assert!(result.trials.iter().all(|t| t.batch_size % 4 == 0), "{result}");
+
     // Nothing fits: an error that names the smallest size.
     let search = BatchSizeSearchConfig::new(MemoryBudget::Bytes(1)).init::<B>(&device).unwrap();
     let err = search.run(step).unwrap_err();

@@ -151,6 +151,8 @@ impl WithAutodiff<W> for BackwardPeak {
         tracker.usage().unwrap();
         let timeline = monitor.stop();
         assert!(timeline.samples.len() > 10, "{}", timeline.summary());
+        // The monitor's thread reads this thread's stream: its samples see the activations.
+        assert!(timeline.stats().unwrap().max >= held / 2, "{}", timeline.summary());
         let peak = tracker.peak_in_use_sampled();
         let first = model.layers[0].weight.grad(&grads).unwrap().into_data();
         let last = model.layers[11].weight.grad(&grads).unwrap().into_data();

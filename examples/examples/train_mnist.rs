@@ -6,6 +6,7 @@
 //! cargo run --release -p examples --example train_mnist              # sketched, CPU
 //! cargo run --release -p examples --example train_mnist -- --dense   # the dense baseline
 //! cargo run --release -p examples --example train_mnist -- --epochs 12 --resume
+//! cargo run --release -p examples --example train_mnist -- --auto-batch 400 --checkpointing
 //! ```
 //!
 //! The data is the 10,000-digit sample embedded in `examples/data/mnist10k` (8,000 train,
@@ -15,6 +16,7 @@
 
 use std::path::PathBuf;
 
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::{Autodiff, NdArray, Wgpu};
 use clap::{Parser, ValueEnum};
 use examples::mlp::MlpConfig;
@@ -71,6 +73,12 @@ struct Args {
     /// Continue from the newest checkpoint in the run directory.
     #[arg(long)]
     resume: bool,
+    /// Gradient checkpointing: recompute memory-bound activations in backward.
+    #[arg(long)]
+    checkpointing: bool,
+    /// Pick the batch size: the largest whose training step peaks within this many MB.
+    #[arg(long, value_name = "MB")]
+    auto_batch: Option<u64>,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -85,7 +93,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_batch_size(args.batch_size)
         .with_learning_rate(args.lr)
         .with_seed(args.seed)
-        .with_train_limit(args.train_limit);
+        .with_train_limit(args.train_limit)
+        .with_auto_batch_mb(args.auto_batch);
     let data = args.data.clone().unwrap_or_else(Mnist::embedded_dir);
     let kind = if args.dense { "dense" } else { "sketched" };
     let dir = args
@@ -93,13 +102,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("target/train_mnist").join(kind));
 
-    let report = match args.backend {
-        BackendKind::Ndarray => {
-            train::<Autodiff<NdArray>>(&config, &data, &dir, args.resume, &Default::default())?
+    let device = Default::default();
+    let report = match (args.backend, args.checkpointing) {
+        (BackendKind::Ndarray, false) => {
+            train::<Autodiff<NdArray>>(&config, &data, &dir, args.resume, &device)?
         }
-        BackendKind::Wgpu => {
+        (BackendKind::Ndarray, true) => train::<Autodiff<NdArray, BalancedCheckpointing>>(
+            &config,
+            &data,
+            &dir,
+            args.resume,
+            &device,
+        )?,
+        (BackendKind::Wgpu, false) => {
             train::<Autodiff<Wgpu>>(&config, &data, &dir, args.resume, &Default::default())?
         }
+        (BackendKind::Wgpu, true) => train::<Autodiff<Wgpu, BalancedCheckpointing>>(
+            &config,
+            &data,
+            &dir,
+            args.resume,
+            &Default::default(),
+        )?,
     };
     println!("model:                    {}", describe(&config.model));
     println!(
@@ -111,6 +135,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         report.hidden_trainable_params
     );
     println!("total trainable params:   {}", report.trainable_params);
+    println!("batch size:               {}", report.batch_size);
     println!(
         "training time:            {:.1}s (epochs {}..={})",
         report.seconds,

@@ -8,11 +8,15 @@ use std::time::Instant;
 
 use burn::config::Config;
 use burn::data::dataloader::DataLoaderBuilder;
+use burn::data::dataset::Dataset;
 use burn::optim::AdamConfig;
 use burn::record::DefaultRecorder;
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
-use burn::train::metric::{AccuracyMetric, CpuMemory, CpuUse, LossMetric};
+use burn::optim::{GradientsParams, Optimizer};
+use burn::tensor::{Distribution, Int, Tensor};
+use burn::train::metric::{AccuracyMetric, CpuUse, LossMetric};
+use burn_memory::{BatchSizeSearchConfig, DeviceMemory, DeviceMemoryMetric, MemoryBudget};
 use burn::train::{Learner, SupervisedTraining};
 use burn_sketch::SketchBackend;
 
@@ -43,6 +47,10 @@ pub struct TrainingConfig {
     /// Data-loading threads.
     #[config(default = 2)]
     pub workers: usize,
+    /// Instead of `batch_size`, use the largest batch (a multiple of 16) whose training step
+    /// peaks within this many MB (burn-memory's batch-size search, run before training).
+    #[config(default = "None")]
+    pub auto_batch_mb: Option<u64>,
 }
 
 /// Why a run could not start.
@@ -51,6 +59,9 @@ pub enum TrainingError {
     /// The data could not be read.
     #[error(transparent)]
     Data(#[from] IdxError),
+    /// The batch-size search failed.
+    #[error(transparent)]
+    Memory(#[from] burn_memory::MemoryError),
     /// The run directory could not be prepared.
     #[error("cannot prepare the run directory {path}: {source}")]
     Directory {
@@ -84,6 +95,8 @@ pub struct TrainingReport {
     pub resumed_from: usize,
     /// Wall time of the training loop, in seconds.
     pub seconds: f64,
+    /// The batch size trained with (the search's result with `auto_batch_mb`).
+    pub batch_size: usize,
 }
 
 /// The checkpoints of epoch `epoch` under `dir`.
@@ -118,7 +131,7 @@ pub fn train<B>(
     device: &B::Device,
 ) -> Result<TrainingReport, TrainingError>
 where
-    B: AutodiffBackend + SketchBackend,
+    B: AutodiffBackend + SketchBackend + DeviceMemory,
     B::InnerBackend: SketchBackend,
 {
     let mut train_set = Mnist::read(data_dir, "train")?;
@@ -131,20 +144,25 @@ where
     B::seed(device, config.seed);
     let model: Mlp<B> = config.model.init(device);
     let train_data = DigitDataset::new(train_set);
+    let batch_size = match config.auto_batch_mb {
+        Some(mb) => search_batch_size(&model, mb, train_data.len(), config.model.d_input, device)?,
+        None => config.batch_size,
+    };
     let test_data = DigitDataset::new(test_set);
     let loader_train = DataLoaderBuilder::new(DigitBatcher)
-        .batch_size(config.batch_size)
+        .batch_size(batch_size)
         .shuffle(config.seed)
         .num_workers(config.workers)
         .build(train_data.clone());
     let loader_test = DataLoaderBuilder::new(DigitBatcher)
-        .batch_size(config.batch_size.max(500))
+        .batch_size(batch_size.max(500))
         .num_workers(config.workers)
         .build(test_data.clone());
 
     let mut training = SupervisedTraining::new(dir, loader_train, loader_test)
         .metrics((AccuracyMetric::new(), LossMetric::new()))
-        .metric_train_numeric(CpuMemory::new())
+        .metric_train_numeric(DeviceMemoryMetric::<B>::in_use(device))
+        .metric_train_numeric(DeviceMemoryMetric::<B>::peak(device))
         .metric_train_numeric(CpuUse::new())
         .with_file_checkpointer(DefaultRecorder::new())
         .num_epochs(config.epochs)
@@ -178,7 +196,41 @@ where
         trainable_params: model.trainable_params(),
         resumed_from,
         seconds,
+        batch_size,
     })
+}
+
+/// The largest batch size, a multiple of 16 up to the training set's size, whose full training
+/// step (forward, backward, Adam step) peaks within `budget_mb` MB.
+fn search_batch_size<B>(
+    model: &Mlp<B>,
+    budget_mb: u64,
+    max: usize,
+    inputs: usize,
+    device: &B::Device,
+) -> Result<usize, TrainingError>
+where
+    B: AutodiffBackend + SketchBackend + DeviceMemory,
+{
+    let search = BatchSizeSearchConfig::new(MemoryBudget::Bytes(budget_mb * 1_000_000))
+        .with_start(16.min(max))
+        .with_multiple_of(16)
+        .with_max(max)
+        .init::<B>(device)?;
+    let result = search.run(|batch| {
+        let mut optim = AdamConfig::new().init();
+        let images = Tensor::random([batch, inputs], Distribution::Default, device);
+        let targets = Tensor::<B, 1, Int>::zeros([batch], device);
+        let loss = model
+            .forward_classification(DigitBatch { images, targets })
+            .loss;
+        let grads = GradientsParams::from_grads(loss.backward(), model);
+        let _ = optim.step(1e-3, model.clone(), grads);
+        Ok(())
+    })?;
+    tracing::info!("batch-size search: {result}");
+    println!("{result}");
+    Ok(result.batch_size)
 }
 
 /// A short description of the model, for logs and reports.
