@@ -167,7 +167,10 @@ impl MixedPrecisionConfig {
             growth_interval,
             ..
         } = self.loss_scale
-            && !(growth_factor >= 1.0 && backoff_factor > 0.0 && backoff_factor < 1.0 && growth_interval > 0)
+            && !(growth_factor >= 1.0
+                && backoff_factor > 0.0
+                && backoff_factor < 1.0
+                && growth_interval > 0)
         {
             return Err(MemoryError::invalid(
                 "dynamic loss scale",
@@ -246,7 +249,10 @@ impl MixedPrecision {
     }
 
     /// The loss in f32, times the current scale: call `backward` on this.
-    pub fn scale_loss<B: AutodiffBackend, const D: usize>(&self, loss: Tensor<B, D>) -> Tensor<B, D> {
+    pub fn scale_loss<B: AutodiffBackend, const D: usize>(
+        &self,
+        loss: Tensor<B, D>,
+    ) -> Tensor<B, D> {
         loss.cast(DType::F32).mul_scalar(self.scale)
     }
 

@@ -81,14 +81,20 @@ pub struct BatchSizeSearchConfig {
 impl BatchSizeSearchConfig {
     /// A search on `device`. Fails for an empty range, a budget that is not positive, or a
     /// fraction of a device whose size the backend does not report.
-    pub fn init<B: DeviceMemory>(&self, device: &B::Device) -> Result<BatchSizeSearch<B>, MemoryError> {
+    pub fn init<B: DeviceMemory>(
+        &self,
+        device: &B::Device,
+    ) -> Result<BatchSizeSearch<B>, MemoryError> {
         if self.multiple_of == 0 {
             return Err(MemoryError::invalid("multiple_of", "0"));
         }
         if self.start == 0 || self.start > self.max {
             return Err(MemoryError::invalid(
                 "batch-size range",
-                format!("start {} and max {}: need 1 ≤ start ≤ max", self.start, self.max),
+                format!(
+                    "start {} and max {}: need 1 ≤ start ≤ max",
+                    self.start, self.max
+                ),
             ));
         }
         let budget = match self.budget {
@@ -181,7 +187,12 @@ impl fmt::Display for BatchSearchResult {
                 TrialOutcome::OverBudget => "over budget".to_string(),
                 TrialOutcome::OutOfMemory(message) => format!("out of memory ({message})"),
             };
-            writeln!(f, "  {:>7}: peak {:>10}  {outcome}", trial.batch_size, Bytes(trial.peak).to_string())?;
+            writeln!(
+                f,
+                "  {:>7}: peak {:>10}  {outcome}",
+                trial.batch_size,
+                Bytes(trial.peak).to_string()
+            )?;
         }
         Ok(())
     }
@@ -316,9 +327,15 @@ fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> Option<String> {
 /// Whether a panic message reports an allocation failure, as wgpu, CubeCL and CUDA word them.
 fn is_out_of_memory(message: &str) -> bool {
     let message = message.to_ascii_lowercase();
-    ["out of memory", "outofmemory", "out_of_memory", "failed to allocate", "allocation failed"]
-        .iter()
-        .any(|needle| message.contains(needle))
+    [
+        "out of memory",
+        "outofmemory",
+        "out_of_memory",
+        "failed to allocate",
+        "allocation failed",
+    ]
+    .iter()
+    .any(|needle| message.contains(needle))
 }
 
 #[cfg(test)]
@@ -328,7 +345,9 @@ mod tests {
     #[test]
     fn recognises_out_of_memory_messages() {
         assert!(is_out_of_memory("CUDA_ERROR_OUT_OF_MEMORY"));
-        assert!(is_out_of_memory("wgpu error: Validation Error ... Out of Memory"));
+        assert!(is_out_of_memory(
+            "wgpu error: Validation Error ... Out of Memory"
+        ));
         assert!(is_out_of_memory("Failed to allocate buffer of 8 GB"));
         assert!(!is_out_of_memory("index out of bounds"));
     }

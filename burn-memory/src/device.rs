@@ -36,7 +36,10 @@ pub trait DeviceMemory: Backend {
 
     /// Memory in use and reserved on `device` by `stream`, as of the work submitted so far
     /// (call `Backend::sync` first to include queued lazy work; [`crate::MemoryTracker`] does).
-    fn memory_usage(device: &Self::Device, stream: MemoryStream) -> Result<MemoryUsage, MemoryError>;
+    fn memory_usage(
+        device: &Self::Device,
+        stream: MemoryStream,
+    ) -> Result<MemoryUsage, MemoryError>;
 
     /// The device's total memory, where the backend knows it: the machine's RAM for CPU
     /// backends and CUDA's `cuDeviceTotalMem` for CUDA; `None` for wgpu, which does not expose
@@ -53,7 +56,10 @@ where
 {
     const SOURCE: MemorySource = MemorySource::Process;
 
-    fn memory_usage(_device: &Self::Device, _stream: MemoryStream) -> Result<MemoryUsage, MemoryError> {
+    fn memory_usage(
+        _device: &Self::Device,
+        _stream: MemoryStream,
+    ) -> Result<MemoryUsage, MemoryError> {
         let resident = crate::process::resident_bytes()?;
         Ok(MemoryUsage {
             in_use: resident,
@@ -80,7 +86,10 @@ where
         MemoryStream(burn_cubecl::cubecl::stream_id::StreamId::current().value)
     }
 
-    fn memory_usage(device: &Self::Device, stream: MemoryStream) -> Result<MemoryUsage, MemoryError> {
+    fn memory_usage(
+        device: &Self::Device,
+        stream: MemoryStream,
+    ) -> Result<MemoryUsage, MemoryError> {
         let mut client = R::client(device);
         // SAFETY: the stream only selects which stream's memory pools this client (a clone
         // used for this one query) reports; no work is submitted through it.
@@ -100,7 +109,8 @@ where
         // CubeCL 0.10 does not expose the device's size, but its CUDA runtime derives the
         // largest page from it: `max_page_size = cuDeviceTotalMem / 4` (cubecl-cuda's
         // `runtime.rs`). Other runtimes set the page size from unrelated limits.
-        (<R as Runtime>::name(&client) == "cuda").then(|| client.properties().memory.max_page_size * 4)
+        (<R as Runtime>::name(&client) == "cuda")
+            .then(|| client.properties().memory.max_page_size * 4)
     }
 }
 
@@ -115,7 +125,10 @@ where
         B::current_stream()
     }
 
-    fn memory_usage(device: &Self::Device, stream: MemoryStream) -> Result<MemoryUsage, MemoryError> {
+    fn memory_usage(
+        device: &Self::Device,
+        stream: MemoryStream,
+    ) -> Result<MemoryUsage, MemoryError> {
         B::memory_usage(device, stream)
     }
 
@@ -135,7 +148,10 @@ where
         B::current_stream()
     }
 
-    fn memory_usage(device: &Self::Device, stream: MemoryStream) -> Result<MemoryUsage, MemoryError> {
+    fn memory_usage(
+        device: &Self::Device,
+        stream: MemoryStream,
+    ) -> Result<MemoryUsage, MemoryError> {
         B::memory_usage(device, stream)
     }
 

@@ -114,6 +114,10 @@ fn draw<DB: DrawingBackend>(
                 shade.filled(),
             )))
             .map_err(err)?;
+        // Label only phases wide enough to hold it; the CSV has every phase.
+        if (phase.end - phase.start) / end < 0.04 {
+            continue;
+        }
         chart
             .draw_series(std::iter::once(Text::new(
                 phase.label.clone(),
@@ -124,7 +128,11 @@ fn draw<DB: DrawingBackend>(
     }
 
     let series = [
-        ("in use", BLUE, Box::new(|s: &crate::Sample| s.in_use) as Box<dyn Fn(&crate::Sample) -> u64>),
+        (
+            "in use",
+            BLUE,
+            Box::new(|s: &crate::Sample| s.in_use) as Box<dyn Fn(&crate::Sample) -> u64>,
+        ),
         ("reserved", RED, Box::new(|s: &crate::Sample| s.reserved)),
     ];
     for (name, color, value) in series {
@@ -138,7 +146,9 @@ fn draw<DB: DrawingBackend>(
             ))
             .map_err(err)?
             .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()

@@ -31,7 +31,9 @@ pub(crate) fn resident_bytes() -> Result<u64, MemoryError> {
     system
         .process(Pid::from(pid.as_u32() as usize))
         .map(|process| process.memory())
-        .ok_or(MemoryError::Unsupported("this process is not visible to sysinfo"))
+        .ok_or(MemoryError::Unsupported(
+            "this process is not visible to sysinfo",
+        ))
 }
 
 /// The kernel's resident high-water mark since the last [`reset_peak`], where the kernel keeps
@@ -71,7 +73,12 @@ pub(crate) fn total_bytes() -> u64 {
 fn status_field(name: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|line| line.starts_with(name))?;
-    let kib: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kib: u64 = line[name.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
     Some(kib * 1024)
 }
 

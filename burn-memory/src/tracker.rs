@@ -196,6 +196,8 @@ impl<B: DeviceMemory> MemoryTracker<B> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, MemoryUsage> {
-        self.peaks.lock().unwrap_or_else(|poison| poison.into_inner())
+        self.peaks
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 }

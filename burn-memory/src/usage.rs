@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 
 /// A number of bytes that displays as `12.3 MB` (SI units, like `nvidia-smi` and Burn's own
 /// metrics).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct Bytes(pub u64);
 
 impl fmt::Display for Bytes {

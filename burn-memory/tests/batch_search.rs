@@ -69,10 +69,12 @@ fn search_respects_the_budget_and_recovers_from_out_of_memory() {
         })
         .unwrap();
     assert_eq!(result.batch_size, 19, "{result}");
-    assert!(result
-        .trials
-        .iter()
-        .any(|t| t.batch_size == 32 && matches!(t.outcome, TrialOutcome::OutOfMemory(_))));
+    assert!(
+        result
+            .trials
+            .iter()
+            .any(|t| t.batch_size == 32 && matches!(t.outcome, TrialOutcome::OutOfMemory(_)))
+    );
 
     // On multiples of 4 only, the same failures give 16, found without trying 17-19.
     let search = BatchSizeSearchConfig::new(MemoryBudget::FractionOfDevice(1.0))
@@ -90,12 +92,20 @@ fn search_respects_the_budget_and_recovers_from_out_of_memory() {
         })
         .unwrap();
     assert_eq!(result.batch_size, 16, "{result}");
-    assert!(result.trials.iter().all(|t| t.batch_size % 4 == 0), "{result}");
+    assert!(
+        result.trials.iter().all(|t| t.batch_size % 4 == 0),
+        "{result}"
+    );
 
     // Nothing fits: an error that names the smallest size.
-    let search = BatchSizeSearchConfig::new(MemoryBudget::Bytes(1)).init::<B>(&device).unwrap();
+    let search = BatchSizeSearchConfig::new(MemoryBudget::Bytes(1))
+        .init::<B>(&device)
+        .unwrap();
     let err = search.run(step).unwrap_err();
-    assert!(matches!(err, MemoryError::NothingFits { batch_size: 1, .. }), "{err}");
+    assert!(
+        matches!(err, MemoryError::NothingFits { batch_size: 1, .. }),
+        "{err}"
+    );
 
     // A panic that is not about memory is a bug, and is not swallowed.
     let search = BatchSizeSearchConfig::new(MemoryBudget::FractionOfDevice(1.0))
@@ -105,7 +115,20 @@ fn search_respects_the_budget_and_recovers_from_out_of_memory() {
     assert!(bug.is_err());
 
     // Bad settings are refused.
-    assert!(BatchSizeSearchConfig::new(MemoryBudget::Bytes(0)).init::<B>(&device).is_err());
-    assert!(BatchSizeSearchConfig::new(MemoryBudget::FractionOfDevice(1.5)).init::<B>(&device).is_err());
-    assert!(BatchSizeSearchConfig::new(MemoryBudget::Bytes(1)).with_start(0).init::<B>(&device).is_err());
+    assert!(
+        BatchSizeSearchConfig::new(MemoryBudget::Bytes(0))
+            .init::<B>(&device)
+            .is_err()
+    );
+    assert!(
+        BatchSizeSearchConfig::new(MemoryBudget::FractionOfDevice(1.5))
+            .init::<B>(&device)
+            .is_err()
+    );
+    assert!(
+        BatchSizeSearchConfig::new(MemoryBudget::Bytes(1))
+            .with_start(0)
+            .init::<B>(&device)
+            .is_err()
+    );
 }

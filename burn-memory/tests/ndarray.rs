@@ -43,7 +43,12 @@ fn setup() -> (Linear<A>, Tensor<A, 2>, Tensor<A, 2>) {
     (model, x, y)
 }
 
-fn scaled_grads(amp: &MixedPrecision, model: &Linear<A>, x: Tensor<A, 2>, y: Tensor<A, 2>) -> GradientsParams {
+fn scaled_grads(
+    amp: &MixedPrecision,
+    model: &Linear<A>,
+    x: Tensor<A, 2>,
+    y: Tensor<A, 2>,
+) -> GradientsParams {
     let out = amp.cast_module(model).forward(amp.cast_input(x));
     let loss = (out - y).powi_scalar(2).mean();
     GradientsParams::from_grads(amp.scale_loss(loss).backward(), model)
@@ -65,7 +70,10 @@ fn an_infinite_gradient_skips_the_step_halves_the_scale_and_keeps_the_weights() 
     let mut grads = scaled_grads(&amp, &model, x, y);
     // Inject an infinite entry into the weight's gradient.
     let grad = grads.remove::<B, 2>(model.weight.id).unwrap();
-    let poisoned = grad.slice_assign([0..1, 0..1], Tensor::from_data([[f32::INFINITY]], &Default::default()));
+    let poisoned = grad.slice_assign(
+        [0..1, 0..1],
+        Tensor::from_data([[f32::INFINITY]], &Default::default()),
+    );
     grads.register(model.weight.id, poisoned);
 
     let before = weights(&model);
@@ -146,7 +154,10 @@ fn gradient_accumulation_composes_with_loss_scaling() {
 fn half_precision_on_ndarray_is_refused_and_bad_scales_rejected() {
     let device = Default::default();
     for precision in [Precision::F16, Precision::Bf16] {
-        let err = MixedPrecisionConfig::new().with_compute(precision).init::<A>(&device).unwrap_err();
+        let err = MixedPrecisionConfig::new()
+            .with_compute(precision)
+            .init::<A>(&device)
+            .unwrap_err();
         assert!(matches!(err, MemoryError::UnsupportedPrecision(_)), "{err}");
     }
     for scale in [0.0, -1.0, f32::INFINITY] {
@@ -192,7 +203,12 @@ fn monitor_records_a_timeline_writes_csv_and_plots_and_its_thread_ends() {
     let timeline = monitor.stop();
 
     assert!(timeline.samples.len() >= 5, "{}", timeline.summary());
-    assert!(timeline.samples.windows(2).all(|w| w[0].seconds <= w[1].seconds));
+    assert!(
+        timeline
+            .samples
+            .windows(2)
+            .all(|w| w[0].seconds <= w[1].seconds)
+    );
     let labels: Vec<_> = timeline.phases.iter().map(|p| p.label.as_str()).collect();
     assert_eq!(labels, ["allocate", "multiply"]);
     let stats = timeline.stats().unwrap();
@@ -202,7 +218,10 @@ fn monitor_records_a_timeline_writes_csv_and_plots_and_its_thread_ends() {
     timeline.write_csv(&csv).unwrap();
     let text = std::fs::read_to_string(&csv).unwrap();
     let mut lines = text.lines();
-    assert_eq!(lines.next(), Some("seconds,in_use_bytes,reserved_bytes,phase"));
+    assert_eq!(
+        lines.next(),
+        Some("seconds,in_use_bytes,reserved_bytes,phase")
+    );
     assert_eq!(lines.clone().count(), timeline.samples.len());
     assert!(lines.any(|line| line.ends_with(",multiply")));
 
@@ -213,7 +232,10 @@ fn monitor_records_a_timeline_writes_csv_and_plots_and_its_thread_ends() {
     let svg = dir.path().join("memory.svg");
     timeline.plot(&svg, "test").unwrap();
     let text = std::fs::read_to_string(&svg).unwrap();
-    assert!(text.contains("<svg") && text.contains("multiply"), "labels missing from the SVG");
+    assert!(
+        text.contains("<svg") && text.contains("multiply"),
+        "labels missing from the SVG"
+    );
 
     // A long interval must not delay stopping: the thread wakes up when told to stop.
     let monitor = MemoryMonitor::start(MemoryTracker::<B>::new(&device), Duration::from_secs(60));
@@ -223,7 +245,10 @@ fn monitor_records_a_timeline_writes_csv_and_plots_and_its_thread_ends() {
     assert_eq!(timeline.samples.len(), 1);
     // Dropping without `stop` also ends it (the drop joins the thread).
     let started = Instant::now();
-    drop(MemoryMonitor::start(MemoryTracker::<B>::new(&device), Duration::from_secs(60)));
+    drop(MemoryMonitor::start(
+        MemoryTracker::<B>::new(&device),
+        Duration::from_secs(60),
+    ));
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
@@ -235,7 +260,9 @@ fn chunked_inference_equals_one_pass_and_rejects_bad_chunks() {
     let whole = model.forward(x.clone()).into_data();
     for chunk in [1, 10, 100, 332, 333, 1000] {
         let chunked = chunked_forward(x.clone(), chunk, |c| model.forward(c)).unwrap();
-        chunked.into_data().assert_approx_eq::<f32>(&whole, Tolerance::absolute(1e-6));
+        chunked
+            .into_data()
+            .assert_approx_eq::<f32>(&whole, Tolerance::absolute(1e-6));
     }
     assert!(chunked_forward(x.clone(), 0, |c| model.forward(c)).is_err());
     let err = chunked_forward(x, 10, |c| c.narrow(0, 0, 1)).unwrap_err();

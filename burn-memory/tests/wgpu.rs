@@ -12,8 +12,8 @@ use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Tensor, TensorData, Tolerance};
 use burn_memory::{
-    Checkpointing, MemoryMonitor, MemoryTracker, MixedPrecisionConfig, Precision, StepOutcome, WithAutodiff,
-    chunked_forward,
+    Checkpointing, MemoryMonitor, MemoryTracker, MixedPrecisionConfig, Precision, StepOutcome,
+    WithAutodiff, chunked_forward,
 };
 
 type W = Wgpu;
@@ -73,7 +73,11 @@ fn tracker_sees_allocations_and_transient_peaks() {
     // A reset forgets the old peak.
     tracker.reset_peak().unwrap();
     let peak = tracker.peak().unwrap();
-    assert!(peak < report.peak, "peak after reset {peak} >= {}", report.peak);
+    assert!(
+        peak < report.peak,
+        "peak after reset {peak} >= {}",
+        report.peak
+    );
     drop(kept);
 }
 
@@ -90,7 +94,9 @@ impl<B: Backend> DeepMlp<B> {
     fn new(width: usize, depth: usize, device: &B::Device) -> Self {
         let values = |n: usize, salt: usize| -> Vec<f32> {
             (0..n)
-                .map(|i| (((i * 31 + salt * 17) % 101) as f32 - 50.0) / (50.0 * width as f32).sqrt())
+                .map(|i| {
+                    (((i * 31 + salt * 17) % 101) as f32 - 50.0) / (50.0 * width as f32).sqrt()
+                })
                 .collect()
         };
         Self {
@@ -134,7 +140,9 @@ impl WithAutodiff<W> for BackwardPeak {
         let model = DeepMlp::<A<C>>::new(512, 12, &device);
         let x = Tensor::<A<C>, 2>::from_data(
             TensorData::new(
-                (0..BATCH * 512).map(|i| ((i % 97) as f32 - 48.0) / 97.0).collect(),
+                (0..BATCH * 512)
+                    .map(|i| ((i % 97) as f32 - 48.0) / 97.0)
+                    .collect(),
                 [BATCH, 512],
             ),
             &device,
@@ -152,7 +160,11 @@ impl WithAutodiff<W> for BackwardPeak {
         let timeline = monitor.stop();
         assert!(timeline.samples.len() > 10, "{}", timeline.summary());
         // The monitor's thread reads this thread's stream: its samples see the activations.
-        assert!(timeline.stats().unwrap().max >= held / 2, "{}", timeline.summary());
+        assert!(
+            timeline.stats().unwrap().max >= held / 2,
+            "{}",
+            timeline.summary()
+        );
         let peak = tracker.peak_in_use_sampled();
         let first = model.layers[0].weight.grad(&grads).unwrap().into_data();
         let last = model.layers[11].weight.grad(&grads).unwrap().into_data();
@@ -210,9 +222,16 @@ fn f16_mixed_precision_training_reduces_the_loss() {
         (model, outcome) = amp.step(&mut optim, 1e-2, model, grads);
         assert_eq!(outcome, StepOutcome::Applied);
     }
-    assert_eq!(model.weight.val().dtype(), DType::F32, "master weights stay f32");
+    assert_eq!(
+        model.weight.val().dtype(),
+        DType::F32,
+        "master weights stay f32"
+    );
     let (first, last) = (losses[0], *losses.last().unwrap());
-    assert!(last < 0.5 * first, "f16 training did not learn: loss {first} -> {last}");
+    assert!(
+        last < 0.5 * first,
+        "f16 training did not learn: loss {first} -> {last}"
+    );
 }
 
 #[test]
@@ -222,6 +241,8 @@ fn chunked_inference_equals_one_pass_on_wgpu() {
     let layer = LinearConfig::new(64, 48).init::<W>(&device);
     let x = Tensor::<W, 2>::random([1000, 64], Distribution::Default, &device);
     let whole = layer.forward(x.clone()).into_data();
-    let chunked = chunked_forward(x, 96, |c| layer.forward(c)).unwrap().into_data();
+    let chunked = chunked_forward(x, 96, |c| layer.forward(c))
+        .unwrap()
+        .into_data();
     whole.assert_approx_eq::<f32>(&chunked, Tolerance::absolute(1e-6));
 }

@@ -78,7 +78,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-fn run<B: DeviceMemory>(name: &str, out: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
+fn run<B: DeviceMemory>(
+    name: &str,
+    out: Option<PathBuf>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let out = out.unwrap_or_else(|| PathBuf::from("target/memory_tools").join(name));
     std::fs::create_dir_all(&out)?;
     let device: B::Device = Default::default();
@@ -99,7 +102,9 @@ fn run<B: DeviceMemory>(name: &str, out: Option<PathBuf>) -> Result<(), Box<dyn 
     println!("| strategy | held after forward | backward peak (in use, sampled) | fwd+bwd ms |");
     println!("|---|---|---|---|");
     for strategy in [Checkpointing::None, Checkpointing::Balanced] {
-        let m = strategy.run::<B, _>(CheckpointRun::<B> { device: device.clone() });
+        let m = strategy.run::<B, _>(CheckpointRun::<B> {
+            device: device.clone(),
+        });
         println!(
             "| {strategy} | {} | {} | {:.0} |",
             Bytes(m.held),
@@ -115,7 +120,9 @@ fn run<B: DeviceMemory>(name: &str, out: Option<PathBuf>) -> Result<(), Box<dyn 
     println!("|---|---|---|---|");
     for precision in [Precision::F32, Precision::F16, Precision::Bf16] {
         match amp_step::<B>(&device, precision) {
-            Ok((ms, peak, dtype)) => println!("| {precision:?} | {ms:.0} | {} | {dtype:?} |", Bytes(peak)),
+            Ok((ms, peak, dtype)) => {
+                println!("| {precision:?} | {ms:.0} | {} | {dtype:?} |", Bytes(peak))
+            }
             Err(error) => println!("| {precision:?} | – | – | {error} |"),
         }
     }
@@ -138,7 +145,9 @@ fn run<B: DeviceMemory>(name: &str, out: Option<PathBuf>) -> Result<(), Box<dyn 
         let _ = optim.step(1e-3, model.clone(), grads);
         Ok(())
     })?;
-    println!("## Batch-size search (4×{WIDTH} MLP + Adam, budget = in use + 256 MB)\n\n```\n{result}```\n");
+    println!(
+        "## Batch-size search (4×{WIDTH} MLP + Adam, budget = in use + 256 MB)\n\n```\n{result}```\n"
+    );
 
     // 6. Chunked inference.
     let model = DeepMlp::<B>::new(WIDTH, DEPTH, &device);

@@ -10,14 +10,14 @@ use burn::config::Config;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::Dataset;
 use burn::optim::AdamConfig;
+use burn::optim::{GradientsParams, Optimizer};
 use burn::record::DefaultRecorder;
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
-use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::{Distribution, Int, Tensor};
 use burn::train::metric::{AccuracyMetric, CpuUse, LossMetric};
-use burn_memory::{BatchSizeSearchConfig, DeviceMemory, DeviceMemoryMetric, MemoryBudget};
 use burn::train::{Learner, SupervisedTraining};
+use burn_memory::{BatchSizeSearchConfig, DeviceMemory, DeviceMemoryMetric, MemoryBudget};
 use burn_sketch::SketchBackend;
 
 use crate::data::{DigitBatch, DigitBatcher, DigitDataset};
