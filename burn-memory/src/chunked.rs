@@ -64,7 +64,10 @@ where
                 Tensor::empty(dims, (&device, part.dtype()))
             }
         };
-        output = Some(out.slice_assign([start..start + len], part));
+        // One range: the rows of this chunk along the first dimension, all of the others.
+        #[allow(clippy::single_range_in_vec_init)]
+        let rows_of_chunk = [start..start + len];
+        output = Some(out.slice_assign(rows_of_chunk, part));
     }
     Ok(output.expect("at least one chunk ran"))
 }

@@ -60,6 +60,6 @@ pub use error::MemoryError;
 #[cfg(feature = "train")]
 pub use metric::{DeviceMemoryMetric, MemoryQuantity};
 pub use monitor::{MemoryMonitor, Phase, Sample, Timeline, TimelineStats};
-pub use plot::PlotFormat;
+pub use plot::{PlotFormat, register_plot_font};
 pub use tracker::{MemoryReport, MemoryTracker};
 pub use usage::{Bytes, MemoryUsage};

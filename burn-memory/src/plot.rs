@@ -31,7 +31,11 @@ impl PlotFormat {
 /// DejaVu Sans, ASCII subset (see `assets/LICENSE.DejaVu`).
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans-subset.ttf");
 
-fn register_font() {
+/// Registers the font that burn-memory's plots embed as plotters' `sans-serif`, so that any
+/// plotters chart in the program renders text without a system font library (plotters keeps
+/// one font registry per process). Burn-memory's own plots call it; call it before drawing
+/// other charts. Idempotent.
+pub fn register_plot_font() {
     static REGISTER: Once = Once::new();
     REGISTER.call_once(|| {
         if plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).is_err() {
@@ -49,7 +53,7 @@ pub(crate) fn plot_timeline(
     format: PlotFormat,
     title: &str,
 ) -> Result<(), MemoryError> {
-    register_font();
+    register_plot_font();
     let result = match format {
         PlotFormat::Png => {
             let root = BitMapBackend::new(path, SIZE).into_drawing_area();

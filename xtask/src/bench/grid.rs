@@ -32,6 +32,31 @@ impl Point {
         let rank = 2 * self.num_terms * self.low_rank;
         (rank * (self.d_input + self.d_output)) as f64 / (self.d_input * self.d_output) as f64
     }
+
+    /// FLOPs of the sketched forward: `2·batch·2Tk·(d_in + d_out)`.
+    pub fn sketch_forward_flops(&self) -> f64 {
+        let rank = 2 * self.num_terms * self.low_rank;
+        2.0 * (self.batch * rank * (self.d_input + self.d_output)) as f64
+    }
+
+    /// FLOPs of the dense forward: `2·batch·d_in·d_out`.
+    pub fn dense_forward_flops(&self) -> f64 {
+        2.0 * (self.batch * self.d_input * self.d_output) as f64
+    }
+
+    /// Elements the sketched forward must move at least once: `x`, the factors `A`
+    /// (`d_in × 2Tk`) and `B` (`2Tk × d_out`), the bias and `y`.
+    pub fn sketch_forward_elements(&self) -> usize {
+        let rank = 2 * self.num_terms * self.low_rank;
+        self.batch * (self.d_input + self.d_output)
+            + rank * (self.d_input + self.d_output)
+            + self.d_output
+    }
+
+    /// Elements the dense forward must move at least once: `x`, the weight, the bias and `y`.
+    pub fn dense_forward_elements(&self) -> usize {
+        self.batch * (self.d_input + self.d_output) + self.d_input * self.d_output + self.d_output
+    }
 }
 
 const SHAPES: [(usize, usize); 4] = [(1024, 1024), (4096, 4096), (8192, 8192), (4096, 1024)];
@@ -43,14 +68,15 @@ const BATCHES: [usize; 2] = [64, 256];
 /// shapes that runs in well under a minute on a CPU.
 pub fn grid(quick: bool) -> Vec<Point> {
     if quick {
-        return [(1, 16, 64), (2, 16, 64), (1, 64, 256)]
+        // Two values on each sketch axis, so that the plots have lines and cells to draw.
+        return [(1, 16), (1, 64), (2, 16), (2, 64)]
             .into_iter()
-            .map(|(num_terms, low_rank, batch)| Point {
+            .map(|(num_terms, low_rank)| Point {
                 d_input: 1024,
                 d_output: 1024,
                 num_terms,
                 low_rank,
-                batch,
+                batch: 64,
             })
             .collect();
     }

@@ -5,11 +5,15 @@
 use burn::backend::Autodiff;
 use burn::nn::LinearConfig;
 use burn::tensor::{Distribution, Tensor};
+use burn_memory::DeviceMemory;
 use burn_sketch::backend::tensor_ops;
 use burn_sketch::{SkLinearConfig, SketchBackend};
 use serde::{Deserialize, Serialize};
 
+use super::Dtype;
 use super::grid::Point;
+use super::memory::peak_increase;
+use super::roofline::{DeviceSpec, Roofline};
 use super::timing::{Timing, time};
 
 /// Everything measured at one point.
@@ -17,6 +21,8 @@ use super::timing::{Timing, time};
 pub struct Row {
     /// The backend, as Burn names it.
     pub backend: String,
+    /// The element type of inputs, weights and outputs.
+    pub dtype: Dtype,
     /// The point.
     #[serde(flatten)]
     pub point: Point,
@@ -39,6 +45,23 @@ pub struct Row {
     pub sketch_train: Timing,
     /// Dense `Linear` forward and backward.
     pub dense_train: Timing,
+    /// Peak memory of the forward passes and the training steps above.
+    pub memory: PeakMemory,
+    /// Least times on the device named with `--device-model`, if one was.
+    pub roofline: Option<Roofline>,
+}
+
+/// How far each operation raised the device's memory peak, in bytes (see `memory.rs`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct PeakMemory {
+    /// `SkLinear` forward.
+    pub sketch_forward: u64,
+    /// Dense `Linear` forward.
+    pub dense_forward: u64,
+    /// `SkLinear` forward and backward.
+    pub sketch_train: u64,
+    /// Dense `Linear` forward and backward.
+    pub dense_train: u64,
 }
 
 impl Row {
@@ -57,19 +80,41 @@ impl Row {
         self.dense_train.median_ms / self.sketch_train.median_ms
     }
 
-    /// The speedup that the FLOP counts allow: `1 / flop_ratio`.
+    /// The forward speedup possible: the ratio of the roofline bounds on a known device,
+    /// otherwise the FLOP counts' `1 / flop_ratio`.
     pub fn possible_speedup(&self) -> f64 {
-        1.0 / self.flop_ratio
+        self.roofline
+            .as_ref()
+            .map_or(1.0 / self.flop_ratio, Roofline::possible_speedup)
+    }
+
+    /// The sketched forward's roofline bound over its measured time, on a known device.
+    pub fn roofline_efficiency(&self) -> Option<f64> {
+        let roof = self.roofline.as_ref()?;
+        Some(roof.sketch_forward_ms / self.sketch_forward.median_ms)
     }
 }
 
+/// What to measure besides the point itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Untimed runs before timing.
+    pub warmup: usize,
+    /// Timed runs.
+    pub runs: usize,
+    /// The element type `B` computes in.
+    pub dtype: Dtype,
+    /// The device's datasheet peaks, for roofline bounds.
+    pub device_spec: Option<DeviceSpec>,
+}
+
 /// Measures `point` on backend `B`; the training variants run on `Autodiff<B>`.
-pub fn measure<B: SketchBackend>(
+pub fn measure<B: SketchBackend + DeviceMemory>(
     point: Point,
     device: &B::Device,
-    warmup: usize,
-    runs: usize,
+    settings: Settings,
 ) -> Row {
+    let Settings { warmup, runs, .. } = settings;
     let sync = || B::sync(device).expect("device sync failed");
     let config = SkLinearConfig::new(
         point.d_input,
@@ -108,22 +153,43 @@ pub fn measure<B: SketchBackend>(
     let dense_ad = dense_config.init::<Autodiff<B>>(device);
     let sketch_train = train(&|x| sketch_ad.forward(x));
     let dense_train = train(&|x| dense_ad.forward(x));
-    let counts = sketch.param_counts();
-    let factor_elements = 2 * point.num_terms * point.low_rank * (point.d_input + point.d_output);
-    let elements =
-        point.batch * (point.d_input + point.d_output) + factor_elements + point.d_output;
 
+    let step = |forward: &dyn Fn(Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2>| {
+        peak_increase::<B>(device, || {
+            drop(forward(x_ad.clone().require_grad()).sum().backward());
+            sync();
+        })
+    };
+    let memory = PeakMemory {
+        sketch_forward: peak_increase::<B>(device, || {
+            drop(sketch.forward(x_ad.clone().inner()));
+            sync();
+        }),
+        dense_forward: peak_increase::<B>(device, || {
+            drop(dense.forward(x_ad.clone().inner()));
+            sync();
+        }),
+        sketch_train: step(&|x| sketch_ad.forward(x)),
+        dense_train: step(&|x| dense_ad.forward(x)),
+    };
+
+    let counts = sketch.param_counts();
     Row {
         backend: B::name(device),
+        dtype: settings.dtype,
         point,
         sketch_params: counts.trainable,
         dense_params: counts.dense,
         flop_ratio: point.flop_ratio(),
-        forward_bytes: elements * size_of::<f32>(),
+        forward_bytes: point.sketch_forward_elements() * settings.dtype.size(),
         sketch_forward,
         tensor_ops_forward,
         dense_forward,
         sketch_train,
         dense_train,
+        memory,
+        roofline: settings
+            .device_spec
+            .map(|spec| Roofline::new(point, settings.dtype, spec)),
     }
 }

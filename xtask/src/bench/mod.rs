@@ -5,22 +5,32 @@
 //! reports the median and quartiles. The sketched and dense layers are measured in the same
 //! process, one right after the other, so their ratio is meaningful even on a noisy machine;
 //! absolute times across runs are not. Every row shows the speedup achieved next to the one
-//! the FLOP counts allow.
+//! the FLOP counts allow, or on a known device (`--device-model`) the roofline bounds allow;
+//! and the peak memory of each operation through burn-memory's tracker.
 
 mod grid;
 mod measure;
+mod memory;
+mod plots;
 mod report;
+mod roofline;
 mod timing;
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use burn::tensor::DType;
+use burn_memory::DeviceMemory;
 use burn_sketch::SketchBackend;
 use burn_sketch::backend::KernelPolicy;
 use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
 
 pub use grid::{Point, grid};
 pub use measure::Row;
+use measure::Settings;
+pub use roofline::DeviceModel;
 
 /// Backends the suite can run on.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -32,6 +42,36 @@ pub enum BackendKind {
     /// CUDA (build with `--features cuda`).
     #[cfg(feature = "cuda")]
     Cuda,
+}
+
+/// Element types the layers compute in (accumulation is f32 in every case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// 32-bit float.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 | Self::Bf16 => 2,
+        }
+    }
+
+    fn burn(self) -> DType {
+        match self {
+            Self::F32 => DType::F32,
+            Self::F16 => DType::F16,
+            Self::Bf16 => DType::BF16,
+        }
+    }
 }
 
 /// `burn_sketch::backend::KernelPolicy`, as a command-line value.
@@ -51,6 +91,14 @@ pub struct BenchArgs {
     /// Backend to measure.
     #[arg(long, value_enum, default_value = "ndarray")]
     pub backend: BackendKind,
+    /// Element type of inputs, weights and outputs (ndarray: f32 only).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: Dtype,
+    /// The device the run is on, to show the roofline bounds of its datasheet peaks: each
+    /// row's possible speedup becomes the ratio of the bounds, and the sketched forward's
+    /// fraction of its bound is shown.
+    #[arg(long, value_enum)]
+    pub device_model: Option<DeviceModel>,
     /// A small subset of the grid that runs in well under a minute on a CPU.
     #[arg(long)]
     pub quick: bool,
@@ -94,13 +142,24 @@ pub fn run(args: &BenchArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
         Policy::TensorOps => KernelPolicy::TensorOps,
         Policy::Autotune => KernelPolicy::Autotune,
     });
-    let rows = match args.backend {
-        BackendKind::Ndarray => {
-            measure_all::<burn::backend::NdArray>(&points, &Default::default(), args)
+    use burn::backend::{NdArray, Wgpu};
+    use half::{bf16, f16};
+    let rows = match (args.backend, args.dtype) {
+        (BackendKind::Ndarray, Dtype::F32) => measure_all::<NdArray>(&points, args)?,
+        (BackendKind::Ndarray, dtype) => {
+            return Err(format!("ndarray computes in f32 and f64, not {dtype:?}").into());
         }
-        BackendKind::Wgpu => measure_all::<burn::backend::Wgpu>(&points, &Default::default(), args),
+        (BackendKind::Wgpu, Dtype::F32) => measure_all::<Wgpu>(&points, args)?,
+        (BackendKind::Wgpu, Dtype::F16) => measure_all::<Wgpu<f16>>(&points, args)?,
+        (BackendKind::Wgpu, Dtype::Bf16) => measure_all::<Wgpu<bf16>>(&points, args)?,
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => measure_all::<burn::backend::Cuda>(&points, &Default::default(), args),
+        (BackendKind::Cuda, Dtype::F32) => measure_all::<burn::backend::Cuda>(&points, args)?,
+        #[cfg(feature = "cuda")]
+        (BackendKind::Cuda, Dtype::F16) => measure_all::<burn::backend::Cuda<f16>>(&points, args)?,
+        #[cfg(feature = "cuda")]
+        (BackendKind::Cuda, Dtype::Bf16) => {
+            measure_all::<burn::backend::Cuda<bf16>>(&points, args)?
+        }
     };
 
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
@@ -114,25 +173,43 @@ pub fn run(args: &BenchArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
         dir.join("results.json"),
         serde_json::to_string_pretty(&rows)?,
     )?;
+    plots::write_all(&rows, &dir).map_err(|e| format!("cannot draw the plots: {e}"))?;
     if let Some(baseline) = &args.baseline {
         compare(&rows, baseline)?;
     }
     Ok(dir)
 }
 
-fn measure_all<B: SketchBackend>(
+fn measure_all<B: SketchBackend + DeviceMemory>(
     points: &[Point],
-    device: &B::Device,
     args: &BenchArgs,
-) -> Vec<Row> {
-    points
+) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let device = B::Device::default();
+    if !B::supports_dtype(&device, args.dtype.burn()) {
+        return Err(format!("{} does not support {:?}", B::name(&device), args.dtype).into());
+    }
+    let settings = Settings {
+        warmup: args.warmup,
+        runs: args.runs,
+        dtype: args.dtype,
+        device_spec: args.device_model.map(DeviceModel::spec),
+    };
+    // Hidden when stderr is not a terminal (CI logs), where it would only add noise.
+    let progress = ProgressBar::new(points.len() as u64).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}, ~{eta}] {msg}")
+            .expect("a valid template"),
+    );
+    let rows = points
         .iter()
-        .enumerate()
-        .map(|(i, &point)| {
-            eprintln!("[{}/{}] {}", i + 1, points.len(), point.id());
-            measure::measure::<B>(point, device, args.warmup, args.runs)
+        .map(|&point| {
+            progress.set_message(point.id());
+            let row = measure::measure::<B>(point, &device, settings);
+            progress.inc(1);
+            row
         })
-        .collect()
+        .collect();
+    progress.finish_and_clear();
+    Ok(rows)
 }
 
 /// Prints, for every point also in `baseline`, the ratio of sketched median times now over
@@ -143,7 +220,7 @@ fn compare(rows: &[Row], baseline: &Path) -> Result<(), Box<dyn std::error::Erro
     for row in rows {
         let Some(then) = old
             .iter()
-            .find(|o| o.point == row.point && o.backend == row.backend)
+            .find(|o| o.point == row.point && o.backend == row.backend && o.dtype == row.dtype)
         else {
             continue;
         };
@@ -168,9 +245,11 @@ mod tests {
         let out = tempfile::tempdir().unwrap();
         let args = BenchArgs {
             backend: BackendKind::Ndarray,
+            dtype: Dtype::F32,
+            device_model: None,
             quick: true,
             policy: Policy::Kernels,
-            filter: Some("t1-k16-b64".into()),
+            filter: None,
             warmup: 1,
             runs: 3,
             out: out.path().to_path_buf(),
@@ -180,7 +259,7 @@ mod tests {
         let rows: Vec<Row> =
             serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap())
                 .unwrap();
-        assert_eq!(rows.len(), 1);
+        assert_eq!(rows.len(), 4);
         let row = &rows[0];
         assert_eq!(row.point.id(), "d1024x1024-t1-k16-b64");
         assert_eq!(row.dense_params, 1024 * 1024 + 1024);
@@ -198,9 +277,29 @@ mod tests {
             assert!(t.p25_ms > 0.0 && t.p25_ms <= t.median_ms && t.median_ms <= t.p75_ms);
         }
 
+        eprintln!("{:?}", row.memory);
+        // The dense layer's training step holds a 4 MB weight gradient at least.
+        assert!(row.memory.dense_train >= 4 << 20, "{:?}", row.memory);
+        assert!(row.memory.sketch_train > 0, "{:?}", row.memory);
+
+        // Each plot has its text: the dense reference line, the speedup in each cell.
+        for (name, text) in [
+            ("time_vs_terms", "dense Linear"),
+            ("time_vs_rank", "dense Linear"),
+            ("speedup_heatmap", &format!("{:.1}×", row.forward_speedup())),
+        ] {
+            let svg = std::fs::read_to_string(dir.join(format!("{name}.svg"))).unwrap();
+            assert!(
+                svg.starts_with("<svg") && svg.contains(text),
+                "{name}: no {text:?}"
+            );
+            let png = std::fs::read(dir.join(format!("{name}.png"))).unwrap();
+            assert_eq!(&png[1..4], b"PNG");
+        }
+
         let csv = std::fs::read_to_string(dir.join("results.csv")).unwrap();
         let lines: Vec<&str> = csv.lines().collect();
-        assert_eq!(lines.len(), 2);
+        assert_eq!(lines.len(), 5);
         let header: Vec<&str> = lines[0].split(',').collect();
         let values: Vec<&str> = lines[1].split(',').collect();
         assert_eq!(header.len(), values.len());
@@ -213,6 +312,7 @@ mod tests {
         let again = BenchArgs {
             baseline: Some(dir.join("results.json")),
             out: out.path().join("again"),
+            filter: Some("t1-k16".into()),
             ..args
         };
         run(&again).unwrap();

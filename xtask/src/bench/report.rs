@@ -4,18 +4,26 @@ use std::fmt::Write;
 
 use super::measure::Row;
 
-/// A markdown table, one row per point.
+const MB: f64 = 1e6;
+
+/// A markdown table, one row per point. "possible" is the speedup the FLOP counts allow, or
+/// with a device model the roofline bounds; "of bound" is the sketched forward's roofline
+/// bound over its measured time.
 pub fn markdown(rows: &[Row]) -> String {
+    let roofline = rows.iter().any(|r| r.roofline.is_some());
     let mut out = String::from(
         "| point | params sketch / dense | FLOP ratio | fwd sketch ms | fwd tensor-ops ms | \
          fwd dense ms | fwd speedup | vs tensor-ops | fwd+bwd sketch ms | fwd+bwd dense ms | \
-         fwd+bwd speedup | possible |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         fwd+bwd speedup | possible | peak MB fwd sketch / dense | peak MB fwd+bwd sketch / dense |",
     );
+    out.push_str(if roofline { " of bound |\n" } else { "\n" });
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    out.push_str(if roofline { "---|\n" } else { "\n" });
     for row in rows {
-        let _ = writeln!(
+        let m = row.memory;
+        let _ = write!(
             out,
-            "| {} | {} / {} | {:.4} | {:.3} | {:.3} | {:.3} | {:.1}× | {:.2}× | {:.3} | {:.3} | {:.1}× | {:.1}× |",
+            "| {} | {} / {} | {:.4} | {:.3} | {:.3} | {:.3} | {:.1}× | {:.2}× | {:.3} | {:.3} | {:.1}× | {:.1}× | {:.1} / {:.1} | {:.1} / {:.1} |",
             row.point.id(),
             row.sketch_params,
             row.dense_params,
@@ -29,7 +37,18 @@ pub fn markdown(rows: &[Row]) -> String {
             row.dense_train.median_ms,
             row.train_speedup(),
             row.possible_speedup(),
+            m.sketch_forward as f64 / MB,
+            m.dense_forward as f64 / MB,
+            m.sketch_train as f64 / MB,
+            m.dense_train as f64 / MB,
         );
+        match row.roofline_efficiency() {
+            Some(e) => {
+                let _ = writeln!(out, " {:.0} % |", 100.0 * e);
+            }
+            None if roofline => out.push_str(" |\n"),
+            None => out.push('\n'),
+        }
     }
     out
 }
@@ -44,19 +63,24 @@ pub fn csv(rows: &[Row]) -> String {
         "dense_train",
     ];
     let mut out = String::from(
-        "backend,d_input,d_output,num_terms,low_rank,batch,sketch_params,dense_params,flop_ratio,\
-         forward_bytes",
+        "backend,dtype,d_input,d_output,num_terms,low_rank,batch,sketch_params,dense_params,\
+         flop_ratio,forward_bytes",
     );
     for name in timings {
         let _ = write!(out, ",{name}_median_ms,{name}_p25_ms,{name}_p75_ms");
     }
-    out.push_str(",forward_speedup,kernel_speedup,train_speedup,possible_speedup\n");
+    out.push_str(
+        ",forward_speedup,kernel_speedup,train_speedup,possible_speedup,\
+         peak_bytes_sketch_forward,peak_bytes_dense_forward,peak_bytes_sketch_train,\
+         peak_bytes_dense_train,roofline_sketch_forward_ms,roofline_dense_forward_ms\n",
+    );
     for row in rows {
         let p = row.point;
         let _ = write!(
             out,
-            "{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{}",
             row.backend,
+            format!("{:?}", row.dtype).to_lowercase(),
             p.d_input,
             p.d_output,
             p.num_terms,
@@ -76,13 +100,27 @@ pub fn csv(rows: &[Row]) -> String {
         ] {
             let _ = write!(out, ",{},{},{}", t.median_ms, t.p25_ms, t.p75_ms);
         }
+        let m = row.memory;
+        let (roof_sketch, roof_dense) =
+            row.roofline
+                .as_ref()
+                .map_or((String::new(), String::new()), |r| {
+                    (
+                        r.sketch_forward_ms.to_string(),
+                        r.dense_forward_ms.to_string(),
+                    )
+                });
         let _ = writeln!(
             out,
-            ",{},{},{},{}",
+            ",{},{},{},{},{},{},{},{},{roof_sketch},{roof_dense}",
             row.forward_speedup(),
             row.kernel_speedup(),
             row.train_speedup(),
-            row.possible_speedup()
+            row.possible_speedup(),
+            m.sketch_forward,
+            m.dense_forward,
+            m.sketch_train,
+            m.dense_train,
         );
     }
     out
