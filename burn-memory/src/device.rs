@@ -60,9 +60,12 @@ where
         _device: &Self::Device,
         _stream: MemoryStream,
     ) -> Result<MemoryUsage, MemoryError> {
+        // With a `CountingAllocator`, in use is the exact heap figure and reserved is what the
+        // process holds from the system (the allocator's caches included).
         let resident = crate::process::resident_bytes()?;
+        let in_use = crate::heap::counts().map_or(resident, |(heap, _)| heap);
         Ok(MemoryUsage {
-            in_use: resident,
+            in_use,
             reserved: resident,
         })
     }

@@ -15,7 +15,8 @@
 //! - With the `train` feature, [`DeviceMemoryMetric`] puts device memory on burn-train's
 //!   dashboard.
 //!
-//! Device memory comes from [`DeviceMemory`], implemented for NdArray (the process's resident
+//! Device memory comes from [`DeviceMemory`], implemented for NdArray (the heap, counted exactly
+//! when a [`CountingAllocator`] is the global allocator, otherwise the process's resident
 //! memory), every CubeCL backend (`Wgpu`, `Cuda`: the CubeCL memory pools), their fusion
 //! wrappers and `Autodiff` over any of them.
 //!
@@ -40,6 +41,7 @@ mod checkpointing;
 mod chunked;
 mod device;
 mod error;
+mod heap;
 #[cfg(feature = "train")]
 mod metric;
 mod monitor;
@@ -57,6 +59,7 @@ pub use checkpointing::{Checkpointing, WithAutodiff};
 pub use chunked::chunked_forward;
 pub use device::{DeviceMemory, MemorySource, MemoryStream};
 pub use error::MemoryError;
+pub use heap::CountingAllocator;
 #[cfg(feature = "train")]
 pub use metric::{DeviceMemoryMetric, MemoryQuantity};
 pub use monitor::{MemoryMonitor, Phase, Sample, Timeline, TimelineStats};

@@ -15,7 +15,11 @@ use crate::{Bytes, DeviceMemory, MemoryError, MemoryUsage};
 ///
 /// # How the peak is obtained, and how accurate it is
 ///
-/// - **CPU backends (NdArray)**: on Linux, the peak is the kernel's resident high-water mark
+/// - **CPU backends (NdArray) with a [`CountingAllocator`](crate::CountingAllocator)** as the
+///   global allocator: in use is the heap's live bytes and the peak is their exact maximum
+///   since the last reset, updated on every allocation; reserved is the resident memory.
+///   This is the accurate mode: install it in programs that measure.
+/// - **CPU backends without it**: on Linux, the peak is the kernel's resident high-water mark
 ///   for the process (`VmHWM`), which [`reset_peak`](Self::reset_peak) resets through
 ///   `/proc/self/clear_refs`. The kernel updates it on every page fault, so it is exact at page
 ///   granularity (4 KiB) and sees every transient allocation, but it counts the whole process:
@@ -31,8 +35,8 @@ use crate::{Bytes, DeviceMemory, MemoryError, MemoryUsage};
 ///   reserved peak is thus an upper bound on the true in-use peak, above it by the pools'
 ///   page rounding.
 ///
-/// [`MemoryReport::peak`] is the reserved peak on CubeCL backends and the resident peak on CPU
-/// backends: the figure a budget must be compared against.
+/// [`MemoryReport::peak`] is the reserved peak on CubeCL backends and the heap or resident peak
+/// on CPU backends: the figure a budget must be compared against.
 pub struct MemoryTracker<B: DeviceMemory> {
     device: B::Device,
     stream: MemoryStream,
@@ -68,7 +72,8 @@ pub struct MemoryReport {
     /// Memory after the closure returned (after a sync).
     pub after: MemoryUsage,
     /// The peak while it ran, in the sense of [`MemoryTracker`]'s docs: the reserved peak on
-    /// CubeCL devices, the resident peak on CPU backends.
+    /// CubeCL devices, the heap peak (with a `CountingAllocator`) or resident peak on CPU
+    /// backends.
     pub peak: u64,
     /// The largest in-use figure sampled while it ran (a lower bound of the true in-use peak).
     pub peak_in_use_sampled: u64,
@@ -153,8 +158,11 @@ impl<B: DeviceMemory> MemoryTracker<B> {
     pub fn current_peak(&self) -> u64 {
         let peaks = *self.lock();
         match B::SOURCE {
-            MemorySource::Process => crate::process::peak_resident_bytes()
-                .map_or(peaks.reserved, |kernel| kernel.max(peaks.reserved)),
+            MemorySource::Process => match crate::heap::counts() {
+                Some((_, heap_peak)) => heap_peak.max(peaks.in_use),
+                None => crate::process::peak_resident_bytes()
+                    .map_or(peaks.reserved, |kernel| kernel.max(peaks.reserved)),
+            },
             MemorySource::DevicePools => peaks.reserved,
         }
     }
@@ -173,6 +181,7 @@ impl<B: DeviceMemory> MemoryTracker<B> {
         B::sync(&self.device).map_err(|error| MemoryError::Backend(format!("{error:?}")))?;
         if B::SOURCE == MemorySource::Process {
             crate::process::reset_peak();
+            crate::heap::reset_peak();
         }
         let usage = B::memory_usage(&self.device, self.stream)?;
         *self.lock() = usage;

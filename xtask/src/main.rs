@@ -14,8 +14,12 @@ mod bench;
 /// instead of 5.9 ms for a 4096² layer, batch 256, T = 1, k = 64). Dense and sketched layers
 /// run in the same process on the same allocator, so their ratio stays fair, and a caching
 /// allocator is what we recommend for CPU training anyway.
+///
+/// burn-memory's counting wrapper makes the CPU memory column exact heap bytes rather than
+/// resident memory, which a caching allocator would blur.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: burn_memory::CountingAllocator<mimalloc::MiMalloc> =
+    burn_memory::CountingAllocator::new(mimalloc::MiMalloc);
 
 use std::process::ExitCode;
 

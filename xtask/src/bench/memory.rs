@@ -1,11 +1,10 @@
 //! Peak memory of one operation, through burn-memory's tracker.
 //!
 //! The figure is how far the device's peak rose above what was in use before the operation
-//! (`MemoryReport::peak_increase`): on CPU backends the process's resident high-water mark, on
-//! CubeCL backends the pools' reserved peak (see `MemoryTracker`'s docs for the accuracy of
-//! each). Memory freed by earlier measurements must go back to the system first, or the next
-//! operation would reuse it without raising the peak: the tracker's reset cleans CubeCL's
-//! pools, and `mi_collect` hands mimalloc's cached pages back on CPU.
+//! (`MemoryReport::peak_increase`): on CPU backends the exact heap peak (the bench's global
+//! allocator is burn-memory's `CountingAllocator`), on CubeCL backends the pools' reserved
+//! peak, after the tracker's reset has handed the pools' cached pages back (see
+//! `MemoryTracker`'s docs for the accuracy of each).
 
 use burn_memory::{DeviceMemory, MemoryTracker};
 
@@ -14,7 +13,6 @@ use burn_memory::{DeviceMemory, MemoryTracker};
 pub fn peak_increase<B: DeviceMemory>(device: &B::Device, mut op: impl FnMut()) -> u64 {
     op();
     let tracker = MemoryTracker::<B>::new(device);
-    release_cached_memory();
     if let Err(err) = tracker.reset_peak() {
         eprintln!("memory: cannot reset the peak ({err}); the figure may be low");
     }
@@ -25,10 +23,4 @@ pub fn peak_increase<B: DeviceMemory>(device: &B::Device, mut op: impl FnMut()) 
             0
         }
     }
-}
-
-/// Returns the memory mimalloc keeps for reuse to the operating system.
-fn release_cached_memory() {
-    // SAFETY: `mi_collect` only walks mimalloc's own heaps; it is safe to call at any time.
-    unsafe { libmimalloc_sys::mi_collect(true) };
 }
