@@ -155,6 +155,25 @@ fn initialisation_is_unbiased() {
     }
 }
 
+/// A trained dense layer on an autodiff backend converts to a trainable sketched layer: its
+/// parameters are fresh leaves that receive gradients, and the dense layer's get none.
+#[test]
+fn from_linear_on_autodiff_gives_trainable_leaves() {
+    let dense = LinearConfig::new(12, 10).init::<AB>(&DEVICE);
+    let layer = SkLinear::from_linear(&dense, 1, 4);
+    let x = Tensor::<AB, 2>::random([5, 12], Distribution::Default, &DEVICE);
+    let grads = layer.forward(x).sum().backward();
+    let s1 = layer.s1s.grad(&grads).expect("S1s has a gradient");
+    assert_eq!(s1.dims(), [1, 12, 4]);
+    assert!(s1.abs().sum().into_scalar() > 0.0);
+    assert!(layer.bias.as_ref().unwrap().grad(&grads).is_some());
+    assert!(
+        dense.weight.grad(&grads).is_none(),
+        "gradients leaked to the dense layer"
+    );
+    assert!(dense.bias.as_ref().unwrap().grad(&grads).is_none());
+}
+
 fn write_safetensors(path: &Path, tensors: &[(&str, Vec<usize>, Dtype, Vec<u8>)]) {
     let views = tensors
         .iter()

@@ -83,6 +83,42 @@ impl<B: SketchBackend> Mlp<B> {
 }
 
 impl<B: Backend> Mlp<B> {
+    /// The same network with each dense hidden layer replaced by
+    /// [`SkLinear::try_from_linear`] (an unbiased sketch of its weight, its bias copied); the
+    /// output layer is kept as it is. Hidden layers that are already sketched stay.
+    pub fn to_sketched(
+        &self,
+        num_terms: usize,
+        low_rank: usize,
+    ) -> Result<Self, burn_sketch::SketchError> {
+        let converted = self
+            .dense
+            .iter()
+            .map(|layer| SkLinear::try_from_linear(layer, num_terms, low_rank))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            sketched: self.sketched.iter().cloned().chain(converted).collect(),
+            dense: Vec::new(),
+            output: self.output.clone(),
+        })
+    }
+
+    /// Relative Frobenius error `‖W − Ŵ‖ / ‖W‖` of each hidden layer of `sketched` (from
+    /// [`to_sketched`](Self::to_sketched)) against the dense layer it replaced.
+    pub fn weight_errors(&self, sketched: &Self) -> Vec<f64> {
+        use burn::tensor::ElementConversion;
+        self.dense
+            .iter()
+            .zip(&sketched.sketched)
+            .map(|(dense, sketch)| {
+                let w = dense.weight.val();
+                let diff = w.clone() - sketch.to_dense_weight();
+                let norm = |t: Tensor<B, 2>| t.square().sum().sqrt().into_scalar().elem::<f64>();
+                norm(diff) / norm(w)
+            })
+            .collect()
+    }
+
     /// Trainable parameters of the hidden layers, the part that sketching shrinks.
     pub fn hidden_trainable_params(&self) -> usize {
         let sketched: usize = self

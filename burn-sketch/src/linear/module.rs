@@ -74,12 +74,18 @@ impl<B: Backend> SkLinear<B> {
         num_terms: usize,
         low_rank: usize,
     ) -> Result<Self, SketchError> {
-        let weight = linear.weight.val();
+        // Detached, so that on an autodiff backend the new parameters are fresh leaves of
+        // their own rather than results of the dense layer's graph (which cannot become
+        // trainable parameters, and would tie the two layers' gradients).
+        let weight = linear.weight.val().detach().set_require_grad(false);
         let [d_input, d_output] = weight.dims();
         SkLinearConfig::new(d_input, d_output, num_terms, low_rank)
             .with_bias(linear.bias.is_some())
             .validate()?;
-        let bias = linear.bias.as_ref().map(|b| b.val());
+        let bias = linear
+            .bias
+            .as_ref()
+            .map(|b| b.val().detach().set_require_grad(false));
         Ok(Self::from_dense_parts(weight, bias, num_terms, low_rank))
     }
 
