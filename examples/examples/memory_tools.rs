@@ -25,6 +25,10 @@ use burn_memory::{
 };
 use clap::{Parser, ValueEnum};
 
+/// On NdArray, memory figures are exact heap bytes rather than the process's resident memory.
+#[global_allocator]
+static ALLOCATOR: burn_memory::CountingAllocator = burn_memory::CountingAllocator::system();
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum BackendKind {
     Ndarray,

@@ -23,6 +23,10 @@ use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
 use examples::training::{TrainingConfig, describe, train};
 
+/// On NdArray, the dashboard's memory metrics are exact heap bytes rather than resident memory.
+#[global_allocator]
+static ALLOCATOR: burn_memory::CountingAllocator = burn_memory::CountingAllocator::system();
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum BackendKind {
     /// CPU, through ndarray.
