@@ -232,6 +232,9 @@ fn csv(profiles: &[Profile]) -> String {
     out
 }
 
+/// A plotted figure of a layer: its dense and sketched values, in MB.
+type Quantity = fn(&Profile) -> (f64, f64);
+
 /// Grouped bars, one group per layer: parameter bytes and the two measured peaks, dense
 /// against sketched.
 fn plot(
@@ -264,7 +267,7 @@ where
     DB::ErrorType: 'static,
 {
     root.fill(&WHITE)?;
-    let quantities: [(&str, fn(&Profile) -> (f64, f64)); 3] = [
+    let quantities: [(&str, Quantity); 3] = [
         ("parameters", |p| {
             (
                 mb((p.dense_params * F32) as f64),
