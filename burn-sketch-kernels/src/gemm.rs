@@ -10,8 +10,18 @@
 //! `TILE × TILE` tiles of both operands through shared memory in `f32` whatever the element
 //! type, so half-precision inputs accumulate in single precision. Edges are handled by
 //! zero-filled loads and guarded stores, so any shape works.
+//!
+//! **Split depth.** Most products of the sketched layer are skinny: `x·S1` is `n × Tk` with a
+//! depth of `d_in`, so for `n = 256`, `k = 16` it has 16 output tiles, far too few cubes for a
+//! GPU, each walking thousands of depth steps in sequence. When the output has fewer tiles
+//! than the device has room for, [`split_count`] cuts the depth into slices: cube `z` sums
+//! slice `z` into an `f32` workspace `[splits, rows, cols]`, and [`reduce_splits_kernel`] adds
+//! the slices, scales, adds the bias and writes the output in its layout. The extra traffic
+//! is `2 · splits · rows · cols` floats, small next to the operands for such shapes.
 
+use burn_backend::{DType, Shape};
 use burn_cubecl::CubeRuntime;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
@@ -20,13 +30,27 @@ use crate::layout::offset;
 /// The side of an output tile, and of the cube (`TILE × TILE` units).
 pub const TILE: u32 = 16;
 
+/// The right operand is one tensor.
+pub const NO_CONCAT: u32 = 0;
+/// The right operand is two tensors side by side: columns from `concat_at` on come from the
+/// second (`[S1 | U2]`, the input-side factors of both halves).
+pub const CONCAT_COLS: u32 = 1;
+/// The right operand is two tensors one above the other: depth rows from `concat_at` on come
+/// from the second (`[U1; S2]`, the output-side factors of both halves).
+pub const CONCAT_DEPTH: u32 = 2;
+
 /// Returns `acc` plus this unit's output element of `lhs·rhs`, walking the shared depth in
 /// tiles. Every unit of the cube must call it (it synchronises the cube).
+///
+/// With `concat` set, the right operand is `rhs` and `rhs_tail` joined at `concat_at`, side
+/// by side ([`CONCAT_COLS`]) or one above the other ([`CONCAT_DEPTH`]).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn accumulate_product<F: Float>(
     lhs: &Tensor<F>,
     rhs: &Tensor<F>,
+    rhs_tail: &Tensor<F>,
+    concat_at: usize,
     lhs_tile: &mut SharedMemory<f32>,
     rhs_tile: &mut SharedMemory<f32>,
     acc: f32,
@@ -34,18 +58,20 @@ fn accumulate_product<F: Float>(
     cols: usize,
     depth: usize,
     rank: usize,
+    first_chunk: usize,
+    end_chunk: usize,
     #[comptime] lhs_layout: u32,
     #[comptime] rhs_layout: u32,
+    #[comptime] concat: u32,
 ) -> f32 {
     let tile = comptime!(TILE as usize);
     let tx = UNIT_POS_X as usize;
     let ty = UNIT_POS_Y as usize;
     let row = CUBE_POS_Y as usize * tile + ty;
     let col = CUBE_POS_X as usize * tile + tx;
-    let num_chunks = depth.div_ceil(tile);
     let mut sum = acc;
 
-    for chunk in 0..num_chunks {
+    for chunk in first_chunk..end_chunk {
         let base = chunk * tile;
         let mut l = 0.0f32;
         if row < rows && base + tx < depth {
@@ -53,8 +79,27 @@ fn accumulate_product<F: Float>(
         }
         lhs_tile[ty * tile + tx] = l;
         let mut r = 0.0f32;
-        if base + ty < depth && col < cols {
-            r = f32::cast_from(rhs[offset::<F>(rhs, base + ty, col, rank, rhs_layout)]);
+        let d = base + ty;
+        if d < depth && col < cols {
+            if comptime!(concat == CONCAT_COLS) {
+                if col < concat_at {
+                    r = f32::cast_from(rhs[offset::<F>(rhs, d, col, rank, rhs_layout)]);
+                } else {
+                    r = f32::cast_from(
+                        rhs_tail[offset::<F>(rhs_tail, d, col - concat_at, rank, rhs_layout)],
+                    );
+                }
+            } else if comptime!(concat == CONCAT_DEPTH) {
+                if d < concat_at {
+                    r = f32::cast_from(rhs[offset::<F>(rhs, d, col, rank, rhs_layout)]);
+                } else {
+                    r = f32::cast_from(
+                        rhs_tail[offset::<F>(rhs_tail, d - concat_at, col, rank, rhs_layout)],
+                    );
+                }
+            } else {
+                r = f32::cast_from(rhs[offset::<F>(rhs, d, col, rank, rhs_layout)]);
+            }
         }
         rhs_tile[ty * tile + tx] = r;
         sync_cube();
@@ -69,26 +114,35 @@ fn accumulate_product<F: Float>(
 }
 
 /// The kernel body; see the module documentation. Launched by [`gemm`].
+///
+/// Cube `(x, y, z)` computes output tile `(y, x)` over depth chunks
+/// `[z·chunks_per_split, (z+1)·chunks_per_split)`. Without `split` there is one slice and
+/// the cube writes `α·acc + bias` in `out_layout` (`O` is the element type); with `split` it
+/// writes its raw partial sum to slice `z` of a row-major `f32` workspace (`O` is `f32`).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_kernel<F: Float>(
+pub fn gemm_kernel<F: Float, O: Float>(
     lhs0: &Tensor<F>,
     rhs0: &Tensor<F>,
     lhs1: &Tensor<F>,
     rhs1: &Tensor<F>,
     bias: &Tensor<F>,
-    out: &mut Tensor<F>,
+    out: &mut Tensor<O>,
     rows: u32,
     cols: u32,
     depth: u32,
     rank: u32,
     alpha: f32,
+    chunks_per_split: u32,
+    concat_at: u32,
     #[comptime] lhs_layout: u32,
     #[comptime] rhs_layout: u32,
     #[comptime] out_layout: u32,
+    #[comptime] concat: u32,
     #[comptime] two_products: bool,
     #[comptime] has_bias: bool,
-    #[define(F)] _dtype: StorageType,
+    #[comptime] split: bool,
+    #[define(F, O)] _dtypes: [StorageType; 2],
 ) {
     let tile = comptime!(TILE as usize);
     let rows = rows as usize;
@@ -98,9 +152,17 @@ pub fn gemm_kernel<F: Float>(
     let mut lhs_tile = SharedMemory::<f32>::new(tile * tile);
     let mut rhs_tile = SharedMemory::<f32>::new(tile * tile);
 
+    let first_chunk = CUBE_POS_Z as usize * chunks_per_split as usize;
+    let mut end_chunk = first_chunk + chunks_per_split as usize;
+    if end_chunk > depth.div_ceil(tile) {
+        end_chunk = depth.div_ceil(tile);
+    }
+
     let mut acc = accumulate_product::<F>(
         lhs0,
         rhs0,
+        rhs1,
+        concat_at as usize,
         &mut lhs_tile,
         &mut rhs_tile,
         0.0f32,
@@ -108,13 +170,18 @@ pub fn gemm_kernel<F: Float>(
         cols,
         depth,
         rank,
+        first_chunk,
+        end_chunk,
         lhs_layout,
         rhs_layout,
+        concat,
     );
     if comptime!(two_products) {
         acc = accumulate_product::<F>(
             lhs1,
             rhs1,
+            rhs1,
+            0usize,
             &mut lhs_tile,
             &mut rhs_tile,
             acc,
@@ -122,20 +189,96 @@ pub fn gemm_kernel<F: Float>(
             cols,
             depth,
             rank,
+            first_chunk,
+            end_chunk,
             lhs_layout,
             rhs_layout,
+            NO_CONCAT,
         );
     }
 
     let row = CUBE_POS_Y as usize * tile + UNIT_POS_Y as usize;
     let col = CUBE_POS_X as usize * tile + UNIT_POS_X as usize;
     if row < rows && col < cols {
-        let mut value = alpha * acc;
+        if comptime!(split) {
+            out[(CUBE_POS_Z as usize * rows + row) * cols + col] = O::cast_from(acc);
+        } else {
+            let mut value = alpha * acc;
+            if comptime!(has_bias) {
+                value += f32::cast_from(bias[col * bias.stride(0)]);
+            }
+            out[offset::<O>(out, row, col, rank, out_layout)] = O::cast_from(value);
+        }
+    }
+}
+
+/// Sums the `splits` slices of a [`gemm_kernel`] workspace (`[splits, rows, cols]`, `f32`),
+/// scales by `α`, adds the bias and writes the output in `out_layout`: one unit per output
+/// element.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn reduce_splits_kernel<F: Float>(
+    partials: &Tensor<f32>,
+    bias: &Tensor<F>,
+    out: &mut Tensor<F>,
+    rows: u32,
+    cols: u32,
+    splits: u32,
+    rank: u32,
+    alpha: f32,
+    #[comptime] out_layout: u32,
+    #[comptime] has_bias: bool,
+    #[define(F)] _dtype: StorageType,
+) {
+    let rows = rows as usize;
+    let cols = cols as usize;
+    let index = ABSOLUTE_POS;
+    if index < rows * cols {
+        let row = index / cols;
+        let col = index % cols;
+        let mut sum = 0.0f32;
+        for s in 0..splits as usize {
+            sum += partials[s * rows * cols + index];
+        }
+        let mut value = alpha * sum;
         if comptime!(has_bias) {
             value += f32::cast_from(bias[col * bias.stride(0)]);
         }
-        out[offset::<F>(out, row, col, rank, out_layout)] = F::cast_from(value);
+        out[offset::<F>(out, row, col, rank as usize, out_layout)] = F::cast_from(value);
     }
+}
+
+/// The smallest slice of the depth worth a cube of its own: below it, a cube's fixed costs
+/// (staging, the partial's write and read back) outweigh its share of the sum.
+pub const MIN_SPLIT_DEPTH: usize = 256;
+
+/// How many slices to cut a product's depth into: enough that the output's tiles times the
+/// slices make about four cubes per multiprocessor (64 cubes where the device does not report
+/// its count), with slices of at least [`MIN_SPLIT_DEPTH`]. Outputs that fill the device
+/// alone get 1 (no split).
+///
+/// Four cubes of 256 units, not one, because these cubes are bound by the latency of their
+/// loads, not by arithmetic: a multiprocessor hides it only with several cubes in flight.
+pub fn split_count<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    rows: usize,
+    cols: usize,
+    depth: usize,
+) -> usize {
+    let tile = TILE as usize;
+    let tiles = rows.div_ceil(tile).max(1) * cols.div_ceil(tile).max(1);
+    let target = client
+        .properties()
+        .hardware
+        .num_streaming_multiprocessors
+        .map_or(64, |sms| 4 * sms as usize);
+    if tiles >= target {
+        return 1;
+    }
+    target
+        .div_ceil(tiles)
+        .min(depth / MIN_SPLIT_DEPTH)
+        .max(1)
 }
 
 /// The shape and layouts of one [`gemm`] launch.
@@ -157,10 +300,14 @@ pub struct GemmProblem {
     pub rhs_layout: u32,
     /// [Layout](crate::layout) the output is written in.
     pub out_layout: u32,
+    /// Slices the depth is cut into (see the module documentation); 1 for none. The
+    /// [`split_count`] heuristic is the usual choice.
+    pub splits: usize,
 }
 
-/// Launches [`gemm_kernel`]: writes `α·(first.0·first.1 [+ second.0·second.1]) [+ bias]`
-/// into `out`, which the caller allocates with a shape matching `problem.out_layout`.
+/// Launches [`gemm_kernel`] (and, when `problem.splits > 1`, [`reduce_splits_kernel`]):
+/// writes `α·(first.0·first.1 [+ second.0·second.1]) [+ bias]` into `out`, which the caller
+/// allocates with a shape matching `problem.out_layout`.
 ///
 /// All tensors must share a client and element type; the caller (this crate's
 /// [`sketch`](crate::sketch) module) guarantees both.
@@ -171,38 +318,119 @@ pub fn gemm<R: CubeRuntime>(
     bias: Option<&CubeTensor<R>>,
     out: &CubeTensor<R>,
 ) {
-    let tiles = |size: usize| size.div_ceil(TILE as usize).max(1) as u32;
-    let cube_count = CubeCount::Static(tiles(problem.cols), tiles(problem.rows), 1);
+    // Absent operands are bound to a tensor that is already an argument: the kernel never
+    // reads them (their use is compiled out), and no placeholder buffer is allocated.
+    let (lhs1, rhs1) = second.unwrap_or(first);
+    launch(
+        problem,
+        [first.0, first.1, lhs1, rhs1],
+        second.is_some(),
+        (NO_CONCAT, 0),
+        bias,
+        out,
+    );
+}
+
+/// Like [`gemm`] with one product whose right operand is two tensors joined at `at`:
+/// `concat` is [`CONCAT_COLS`] (`[head | tail]`, `at` columns of `head`) or [`CONCAT_DEPTH`]
+/// (`[head; tail]`, `at` depth rows of `head`). Both are read in `problem.rhs_layout`, in
+/// place: this is how `x·[S1 | U2]` and `P·[U1; S2]` run as one launch each without copying
+/// the factors into a packed matrix.
+pub fn gemm_concat<R: CubeRuntime>(
+    problem: &GemmProblem,
+    lhs: &CubeTensor<R>,
+    (head, tail): (&CubeTensor<R>, &CubeTensor<R>),
+    (concat, at): (u32, usize),
+    bias: Option<&CubeTensor<R>>,
+    out: &CubeTensor<R>,
+) {
+    assert!(
+        concat == CONCAT_COLS || concat == CONCAT_DEPTH,
+        "gemm_concat: unknown concatenation {concat}"
+    );
+    launch(problem, [lhs, head, lhs, tail], false, (concat, at), bias, out);
+}
+
+fn launch<R: CubeRuntime>(
+    problem: &GemmProblem,
+    [lhs0, rhs0, lhs1, rhs1]: [&CubeTensor<R>; 4],
+    two_products: bool,
+    (concat, concat_at): (u32, usize),
+    bias: Option<&CubeTensor<R>>,
+    out: &CubeTensor<R>,
+) {
+    let tile = TILE as usize;
+    let tiles = |size: usize| size.div_ceil(tile).max(1) as u32;
+    let depth_chunks = problem.depth.div_ceil(tile).max(1);
+    // Equal whole-chunk slices; rounding may leave fewer slices than asked for.
+    let chunks_per_split = depth_chunks.div_ceil(problem.splits.clamp(1, depth_chunks));
+    let splits = depth_chunks.div_ceil(chunks_per_split);
+    let cube_count = CubeCount::Static(tiles(problem.cols), tiles(problem.rows), splits as u32);
     let cube_dim = CubeDim {
         x: TILE,
         y: TILE,
         z: 1,
     };
-    // Absent operands are bound to a tensor that is already an argument: the kernel never
-    // reads them (their use is compiled out), and no placeholder buffer is allocated.
-    let (lhs1, rhs1) = second.unwrap_or(first);
-    let bias_arg = bias.unwrap_or(first.0);
+    let bias_arg = bias.unwrap_or(lhs0);
+    let workspace = (splits > 1).then(|| {
+        empty_device_contiguous_dtype(
+            out.client.clone(),
+            out.device.clone(),
+            Shape::new([splits, problem.rows, problem.cols]),
+            DType::F32,
+        )
+    });
+    let target = workspace.as_ref().unwrap_or(out);
 
     gemm_kernel::launch::<R>(
         &out.client,
         cube_count,
         cube_dim,
-        first.0.clone().into_tensor_arg(),
-        first.1.clone().into_tensor_arg(),
+        lhs0.clone().into_tensor_arg(),
+        rhs0.clone().into_tensor_arg(),
         lhs1.clone().into_tensor_arg(),
         rhs1.clone().into_tensor_arg(),
         bias_arg.clone().into_tensor_arg(),
-        out.clone().into_tensor_arg(),
+        target.clone().into_tensor_arg(),
         problem.rows as u32,
         problem.cols as u32,
         problem.depth as u32,
         problem.rank as u32,
         problem.alpha,
+        chunks_per_split as u32,
+        concat_at as u32,
         problem.lhs_layout,
         problem.rhs_layout,
         problem.out_layout,
-        second.is_some(),
+        concat,
+        two_products,
         bias.is_some(),
-        out.dtype.into(),
+        workspace.is_some(),
+        [lhs0.dtype.into(), target.dtype.into()],
     );
+
+    if let Some(workspace) = workspace {
+        let elements = problem.rows * problem.cols;
+        let cube_dim = CubeDim {
+            x: 256,
+            y: 1,
+            z: 1,
+        };
+        reduce_splits_kernel::launch::<R>(
+            &out.client,
+            CubeCount::Static(elements.div_ceil(256) as u32, 1, 1),
+            cube_dim,
+            workspace.into_tensor_arg(),
+            bias_arg.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            problem.rows as u32,
+            problem.cols as u32,
+            splits as u32,
+            problem.rank as u32,
+            problem.alpha,
+            problem.out_layout,
+            bias.is_some(),
+            out.dtype.into(),
+        );
+    }
 }

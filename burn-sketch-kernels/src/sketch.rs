@@ -5,11 +5,15 @@
 //!
 //! | output | computed as | kernel |
 //! |---|---|---|
-//! | `y` | `α·P·B + bias` | fused (one launch) or `P₁`, `P₂`, then `y` (three) |
+//! | `y` | `α·P·B + bias` | fused (one launch), or `P` then `y` ([`gemm_concat`], two) |
 //! | `∂P_h` | `α·∂y·B_hᵀ` | [`gemm`] |
 //! | `∂x` | `∂P₁·S1ᵀ + ∂P₂·U2ᵀ` | one [`gemm`] with two products |
 //! | `∂S1`, `∂U2` | `xᵀ·∂P₁`, `xᵀ·∂P₂` | [`gemm`], written in `[T, d_in, k]` |
 //! | `∂S2`, `∂U1` | `α·P₂ᵀ·∂y`, `α·P₁ᵀ·∂y` | [`gemm`], written in `[T, k, d_out]` |
+//!
+//! Every [`gemm`] whose output is too small to fill the device splits its depth across cubes
+//! and adds the slices in a second, small launch (see [`crate::gemm`]); in this layer that is
+//! the projections `x·A`, `∂y·B_hᵀ` and `x·U2` for modest batches.
 //!
 //! The backward needs only `x` and the factors: `P₁`/`P₂` are recomputed (two skinny
 //! products) instead of being kept from the forward, which is what lets the layer store
@@ -23,7 +27,7 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
 use crate::fused::{MAX_FUSED_RANK, fused_forward};
-use crate::gemm::{GemmProblem, TILE, gemm};
+use crate::gemm::{CONCAT_COLS, CONCAT_DEPTH, GemmProblem, TILE, gemm, gemm_concat, split_count};
 use crate::layout::{
     INPUT_FACTOR, INPUT_FACTOR_T, OUTPUT_FACTOR, OUTPUT_FACTOR_T, ROW_MAJOR, TRANSPOSED,
 };
@@ -111,20 +115,29 @@ pub enum ForwardPath {
         /// How many cubes split `d_out` for each tile of rows.
         column_groups: usize,
     },
-    /// Three launches through a global `P` (`P₁`, `P₂`, then `y`).
+    /// Two products through a global `P = x·[S1 | U2]` (each with its depth split where the
+    /// output is small; see [`split_count`]).
     Tiled,
 }
 
-/// Chooses the forward kernel: fused whenever its `P` block fits in the device's shared
-/// memory (and `2Tk ≤ MAX_FUSED_RANK`), otherwise tiled.
+/// Chooses the forward kernel.
 ///
-/// The fused kernel has one cube per 16 rows; for small batches that is too few to fill a
-/// GPU, so `d_out` is split into column groups until there are about two cubes per
-/// multiprocessor (64 cubes where the device does not report its count). Each extra group
-/// recomputes its rows' block of `P`, so groups stop at one per 16 output columns.
+/// The fused kernel computes each row tile's block of `P` in one cube, walking all of `d_in`
+/// in sequence. That is the right shape of work when there are rows enough for the tiles of
+/// `P` to fill the device by themselves; then it saves `P`'s round trip and two launches.
+/// When they do not (a batch of 256 rows and `2Tk = 32` is 32 tiles, for a GPU with over a
+/// hundred multiprocessors), the tiled path wins: its projections split `d_in` across cubes
+/// (see [`split_count`]). So the fused kernel is used when the projection would not be split
+/// and its `P` block fits in shared memory (`2Tk ≤ MAX_FUSED_RANK`); otherwise the tiled path.
+///
+/// The fused kernel's column groups: where the row tiles alone are fewer than about two
+/// cubes per multiprocessor (64 cubes where the device does not report its count), `d_out`
+/// is split into groups; each extra group recomputes its rows' block of `P`, so groups stop
+/// at one per 16 output columns.
 pub fn choose_forward_path<R: CubeRuntime>(
     client: &cubecl::prelude::ComputeClient<R>,
     rows: usize,
+    d_in: usize,
     rank_width: usize,
     d_out: usize,
 ) -> ForwardPath {
@@ -132,7 +145,10 @@ pub fn choose_forward_path<R: CubeRuntime>(
     let padded = rank_width.div_ceil(tile) * tile;
     let hardware = &client.properties().hardware;
     let shared_bytes = (tile * padded + 2 * tile * tile) * size_of::<f32>();
-    if padded > MAX_FUSED_RANK || shared_bytes > hardware.max_shared_memory_size {
+    if padded > MAX_FUSED_RANK
+        || shared_bytes > hardware.max_shared_memory_size
+        || split_count(client, rows, rank_width, d_in) > 1
+    {
         return ForwardPath::Tiled;
     }
     let target_cubes = hardware
@@ -174,6 +190,7 @@ fn project<R: CubeRuntime>(x: &CubeTensor<R>, factor: &CubeTensor<R>, dims: Dims
         lhs_layout: ROW_MAJOR,
         rhs_layout: INPUT_FACTOR,
         out_layout: ROW_MAJOR,
+        splits: split_count(&x.client, rows, dims.half(), dims.d_in),
     };
     gemm(&problem, (x, factor), None, None, &out);
     out
@@ -190,7 +207,7 @@ pub fn forward<R: CubeRuntime>(
     let path = {
         let dims = factors.dims();
         let rows = x.meta.shape().dims::<2>()[0];
-        choose_forward_path(&x.client, rows, 2 * dims.half(), dims.d_out)
+        choose_forward_path(&x.client, rows, dims.d_in, 2 * dims.half(), dims.d_out)
     };
     forward_with(x, factors, bias, path)
 }
@@ -222,22 +239,45 @@ pub fn forward_with<R: CubeRuntime>(
             column_groups,
         ),
         ForwardPath::Tiled => {
-            let p1 = project(&x, &factors.s1s, dims);
-            let p2 = project(&x, &factors.u2s, dims);
+            // P = x·[S1 | U2], `[n, 2Tk]`, then y = α·P·[U1; S2] + bias: two products, each
+            // reading both factors of its side in place.
+            let width = 2 * dims.half();
+            let p = empty(&x, Shape::new([rows, width]), dtype);
+            let problem = GemmProblem {
+                rows,
+                cols: width,
+                depth: dims.d_in,
+                rank: dims.rank,
+                alpha: 1.0,
+                lhs_layout: ROW_MAJOR,
+                rhs_layout: INPUT_FACTOR,
+                out_layout: ROW_MAJOR,
+                splits: split_count(&x.client, rows, width, dims.d_in),
+            };
+            gemm_concat(
+                &problem,
+                &x,
+                (&factors.s1s, &factors.u2s),
+                (CONCAT_COLS, dims.half()),
+                None,
+                &p,
+            );
             let problem = GemmProblem {
                 rows,
                 cols: dims.d_out,
-                depth: dims.half(),
+                depth: width,
                 rank: dims.rank,
                 alpha: dims.alpha(),
                 lhs_layout: ROW_MAJOR,
                 rhs_layout: OUTPUT_FACTOR,
                 out_layout: ROW_MAJOR,
+                splits: split_count(&x.client, rows, dims.d_out, width),
             };
-            gemm(
+            gemm_concat(
                 &problem,
-                (&p1, &factors.u1s),
-                Some((&p2, &factors.s2s)),
+                &p,
+                (&factors.u1s, &factors.s2s),
+                (CONCAT_DEPTH, dims.half()),
                 bias.as_ref(),
                 &out,
             );
@@ -279,6 +319,7 @@ pub fn backward<R: CubeRuntime>(
             lhs_layout: ROW_MAJOR,
             rhs_layout: OUTPUT_FACTOR_T,
             out_layout: ROW_MAJOR,
+            splits: split_count(&x.client, rows, half, dims.d_out),
         };
         gemm(&problem, (&grad_output, factor), None, None, &out);
         out
@@ -299,6 +340,7 @@ pub fn backward<R: CubeRuntime>(
                 lhs_layout: ROW_MAJOR,
                 rhs_layout: INPUT_FACTOR_T,
                 out_layout: ROW_MAJOR,
+                splits: split_count(&x.client, rows, dims.d_in, half),
             };
             gemm(
                 &problem,
@@ -324,6 +366,7 @@ pub fn backward<R: CubeRuntime>(
             lhs_layout: TRANSPOSED,
             rhs_layout: ROW_MAJOR,
             out_layout: INPUT_FACTOR,
+            splits: split_count(&x.client, dims.d_in, half, rows),
         };
         gemm(&problem, (&x, grad_p), None, None, &out);
         out
@@ -350,6 +393,7 @@ pub fn backward<R: CubeRuntime>(
             lhs_layout: TRANSPOSED,
             rhs_layout: ROW_MAJOR,
             out_layout: OUTPUT_FACTOR,
+            splits: split_count(&x.client, half, dims.d_out, rows),
         };
         gemm(&problem, (&p, &grad_output), None, None, &out);
         out

@@ -21,7 +21,15 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The relative tolerance of [`assert_close`], as `f32` bits (default `1e-4`). The CUDA suite
+/// raises it: Burn's CUDA matmul computes `f32` products on TF32 tensor cores (10-bit
+/// mantissa), so the tensor-op references differ from the kernels' exact `f32` sums by about
+/// `4e-4` of the output's scale (measured on an H100); the kernels themselves are held to
+/// `1e-4` against an `f64` reference in burn-sketch-kernels' own tests.
+pub static TOLERANCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0x38d1b717);
+
 pub fn assert_close(actual: TensorData, expected: TensorData, what: &str) {
+    let tolerance = f32::from_bits(TOLERANCE.load(std::sync::atomic::Ordering::Relaxed));
     let actual = actual.convert::<f32>();
     let expected = expected.convert::<f32>();
     assert_eq!(actual.shape, expected.shape, "{what}: shapes differ");
@@ -30,7 +38,7 @@ pub fn assert_close(actual: TensorData, expected: TensorData, what: &str) {
     let scale = e.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
     for (i, (x, y)) in a.iter().zip(&e).enumerate() {
         assert!(
-            (x - y).abs() <= 1e-4 * scale + 1e-6,
+            (x - y).abs() <= tolerance * scale + 1e-6,
             "{what}: element {i} is {x}, expected {y} (scale {scale})"
         );
     }
@@ -296,7 +304,13 @@ pub fn backend_path_matches_tensor_ops<B: SketchBackend>(device: &B::Device) {
     let _serial = serial();
     B::seed(device, 5);
     // (rows, d_in, d_out, T, k)
-    for (rows, d_in, d_out, t, k) in [(1, 3, 2, 1, 1), (37, 29, 41, 3, 7), (20, 50, 33, 2, 80)] {
+    for (rows, d_in, d_out, t, k) in [
+        (1, 3, 2, 1, 1),
+        (37, 29, 41, 3, 7),
+        (20, 50, 33, 2, 80),
+        // Long depths over few rows: the kernels split their products' depth.
+        (5, 1100, 700, 1, 16),
+    ] {
         let what = format!("n={rows} d_in={d_in} d_out={d_out} T={t} k={k}");
         let layer = SkLinearConfig::new(d_in, d_out, t, k).init::<B>(device);
         let x = Tensor::<B, 2>::random([rows, d_in], Distribution::Default, device);

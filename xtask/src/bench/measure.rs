@@ -127,26 +127,20 @@ pub fn measure<B: SketchBackend + DeviceMemory>(
     let dense = dense_config.init::<B>(device);
     let x = Tensor::<B, 2>::random([point.batch, point.d_input], Distribution::Default, device);
 
-    let sketch_forward = time(warmup, runs, || drop(sketch.forward(x.clone())), sync);
+    let sketch_forward = time(warmup, runs, || sketch.forward(x.clone()), sync);
     let bias = sketch.bias.as_ref().map(|b| b.val());
     let tensor_ops_forward = time(
         warmup,
         runs,
-        || {
-            drop(tensor_ops::sketched_linear(
-                x.clone(),
-                sketch.weights(),
-                bias.clone(),
-            ))
-        },
+        || tensor_ops::sketched_linear(x.clone(), sketch.weights(), bias.clone()),
         sync,
     );
-    let dense_forward = time(warmup, runs, || drop(dense.forward(x.clone())), sync);
+    let dense_forward = time(warmup, runs, || dense.forward(x.clone()), sync);
 
     // Forward and backward of `forward` on a fresh leaf input, all gradients computed.
     let x_ad = Tensor::<Autodiff<B>, 2>::from_inner(x);
     let train = |forward: &dyn Fn(Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2>| {
-        let step = || drop(forward(x_ad.clone().require_grad()).sum().backward());
+        let step = || forward(x_ad.clone().require_grad()).sum().backward();
         time(warmup, runs, step, sync)
     };
     let sketch_ad = config.init::<Autodiff<B>>(device);
@@ -156,18 +150,21 @@ pub fn measure<B: SketchBackend + DeviceMemory>(
 
     let step = |forward: &dyn Fn(Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2>| {
         peak_increase::<B>(device, || {
-            drop(forward(x_ad.clone().require_grad()).sum().backward());
+            let grads = forward(x_ad.clone().require_grad()).sum().backward();
             sync();
+            drop(grads);
         })
     };
     let memory = PeakMemory {
         sketch_forward: peak_increase::<B>(device, || {
-            drop(sketch.forward(x_ad.clone().inner()));
+            let y = sketch.forward(x_ad.clone().inner());
             sync();
+            drop(y);
         }),
         dense_forward: peak_increase::<B>(device, || {
-            drop(dense.forward(x_ad.clone().inner()));
+            let y = dense.forward(x_ad.clone().inner());
             sync();
+            drop(y);
         }),
         sketch_train: step(&|x| sketch_ad.forward(x)),
         dense_train: step(&|x| dense_ad.forward(x)),

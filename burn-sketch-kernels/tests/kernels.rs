@@ -1,4 +1,5 @@
-//! The kernels against the plain-Rust reference, on wgpu (in CI: Mesa's lavapipe on the CPU).
+//! The kernels against the plain-Rust reference: on wgpu (in CI, Mesa's lavapipe on the
+//! CPU), or on CUDA with `--features cuda` (the binary is built here and run on a GPU machine).
 //! One test binary, so the kernels are compiled once per run.
 
 use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
@@ -8,11 +9,21 @@ use burn_sketch_kernels::{
     ForwardPath, GradientsWanted, SketchFactors, backward, choose_forward_path, forward_with,
 };
 
-use cubecl::wgpu::{WgpuDevice, WgpuRuntime as Runtime};
+#[cfg(feature = "cuda")]
+use cubecl::cuda::{CudaDevice as Device, CudaRuntime as Runtime};
+#[cfg(not(feature = "cuda"))]
+use cubecl::wgpu::{WgpuDevice as Device, WgpuRuntime as Runtime};
 
 /// The plain CubeCL backend, named explicitly: `burn::backend::Wgpu` becomes a fusion wrapper
 /// when any crate in the build enables burn's `fusion` feature.
 type B = burn_cubecl::CubeBackend<Runtime, f32, i32, u32>;
+
+fn client() -> cubecl::prelude::ComputeClient<Runtime> {
+    Tensor::<B, 1>::zeros([1], &Device::default())
+        .into_primitive()
+        .tensor()
+        .client
+}
 
 /// Reproducible values in [-1, 1) (a 64-bit LCG; no RNG crate needed for test data).
 fn values(len: usize, seed: u64) -> Vec<f32> {
@@ -32,7 +43,7 @@ fn values(len: usize, seed: u64) -> Vec<f32> {
 fn upload(data: &[f32], shape: &[usize], dtype: DType) -> CubeTensor<Runtime> {
     let tensor = Tensor::<B, 1>::from_data(
         TensorData::new(data.to_vec(), [data.len()]),
-        &WgpuDevice::default(),
+        &Device::default(),
     );
     match shape.len() {
         1 => tensor.cast(dtype).into_primitive().tensor(),
@@ -146,7 +157,8 @@ impl Case {
 }
 
 /// The shape grid of the issue: sizes of 1, primes, non-multiples of 16; T ∈ {1,2,3,8};
-/// k ∈ {1,7,16,64,128}; ranks 2Tk up to 512 (beyond the fused kernel's limit).
+/// k ∈ {1,7,16,64,128}; ranks 2Tk up to 512 (beyond the fused kernel's limit); depths long
+/// enough for the split-depth products.
 fn grid() -> Vec<Case> {
     let shapes = [
         // rows, d_in, d_out, terms, rank
@@ -161,6 +173,9 @@ fn grid() -> Vec<Case> {
         (7, 129, 61, 2, 64),
         (33, 47, 131, 1, 128),
         (2, 41, 23, 2, 128),
+        // Long depths and few output tiles: the products split their depth (see `gemm`).
+        (3, 1000, 900, 2, 7),
+        (40, 2100, 37, 1, 16),
     ];
     shapes
         .iter()
@@ -208,25 +223,69 @@ fn forward_matches_reference_on_both_paths() {
 }
 
 #[test]
-fn forward_path_choice_follows_the_rank() {
-    let device = WgpuDevice::default();
-    let client = Tensor::<B, 1>::zeros([1], &device)
-        .into_primitive()
-        .tensor()
-        .client;
+fn forward_path_choice_follows_the_shape() {
+    let client = client();
+    // Many rows, a short depth: the fused kernel.
     assert!(matches!(
-        choose_forward_path(&client, 256, 32, 8192),
+        choose_forward_path(&client, 4096, 256, 32, 8192),
         ForwardPath::Fused { .. }
     ));
+    // A rank beyond the fused kernel's shared memory: tiled.
     assert_eq!(
-        choose_forward_path(&client, 256, 512, 8192),
+        choose_forward_path(&client, 4096, 256, 512, 8192),
+        ForwardPath::Tiled
+    );
+    // Few rows and a long depth: the projection is split, so tiled.
+    assert_eq!(
+        choose_forward_path(&client, 256, 8192, 32, 8192),
         ForwardPath::Tiled
     );
     // A tiny output cannot be split into more groups than it has column tiles.
     assert_eq!(
-        choose_forward_path(&client, 1, 32, 20),
+        choose_forward_path(&client, 1, 64, 32, 20),
         ForwardPath::Fused { column_groups: 2 }
     );
+}
+
+#[test]
+fn split_depth_matches_one_pass() {
+    use burn_sketch_kernels::gemm::{GemmProblem, gemm};
+    use burn_sketch_kernels::layout::ROW_MAJOR;
+    let (rows, cols, depth) = (5, 19, 1003);
+    let lhs = values(rows * depth, 1);
+    let rhs = values(depth * cols, 2);
+    let bias = values(cols, 3);
+    let alpha = 0.5f32;
+    let expected: Vec<f32> = (0..rows * cols)
+        .map(|index| {
+            let (i, j) = (index / cols, index % cols);
+            let dot: f64 = (0..depth)
+                .map(|m| lhs[i * depth + m] as f64 * rhs[m * cols + j] as f64)
+                .sum();
+            (alpha as f64 * dot + bias[j] as f64) as f32
+        })
+        .collect();
+    let lhs = upload(&lhs, &[rows, depth], DType::F32);
+    let rhs = upload(&rhs, &[depth, cols], DType::F32);
+    let bias = upload(&bias, &[cols], DType::F32);
+    // 1 is no split; 7 does not divide the 63 depth chunks; 100 asks for more slices than
+    // there are chunks.
+    for splits in [1, 2, 7, 100] {
+        let out = upload(&vec![0.0; rows * cols], &[rows, cols], DType::F32);
+        let problem = GemmProblem {
+            rows,
+            cols,
+            depth,
+            rank: 1,
+            alpha,
+            lhs_layout: ROW_MAJOR,
+            rhs_layout: ROW_MAJOR,
+            out_layout: ROW_MAJOR,
+            splits,
+        };
+        gemm(&problem, (&lhs, &rhs), None, Some(&bias), &out);
+        assert_close(&download(out), &expected, 1e-5, &format!("{splits} splits"));
+    }
 }
 
 #[test]
@@ -307,7 +366,7 @@ fn transposed_input_is_read_in_place() {
         .collect();
     let x = Tensor::<B, 2>::from_data(
         TensorData::new(transposed, [case.d_in, case.rows]),
-        &WgpuDevice::default(),
+        &Device::default(),
     )
     .transpose()
     .into_primitive()
@@ -327,17 +386,9 @@ fn transposed_input_is_read_in_place() {
 
 #[test]
 fn half_precision_accumulates_in_f32() {
-    let device = WgpuDevice::default();
-    let client = Tensor::<B, 1>::zeros([1], &device)
-        .into_primitive()
-        .tensor()
-        .client;
-    let f16: cubecl::ir::StorageType = DType::F16.into();
-    if !client.properties().supports_type(f16) {
-        eprintln!("skipped: this wgpu device has no f16 support");
-        return;
-    }
-    // A long reduction (d_in = 1000) that an f16 accumulator would visibly round.
+    let client = client();
+    // A long reduction (d_in = 1000) that a half-precision accumulator would visibly round;
+    // few rows, so the tiled path splits its depth.
     let case = Case {
         rows: 17,
         d_in: 1000,
@@ -347,12 +398,38 @@ fn half_precision_accumulates_in_f32() {
         bias: true,
     };
     let data = case.data(5);
-    let expected = case
-        .host(&data)
-        .forward(&data.x, case.rows, Some(&data.bias));
-    for path in [ForwardPath::Tiled, ForwardPath::Fused { column_groups: 1 }] {
-        let actual = run_forward(&case, &data, path, DType::F16);
-        // Inputs rounded to f16 (relative 2^-11) dominate; accumulation adds little.
-        assert_close(&actual, &expected, 1e-2, &format!("f16 forward {path:?}"));
+    let host = case.host(&data);
+    let expected = host.forward(&data.x, case.rows, Some(&data.bias));
+    let expected_grads = host.backward(&data.x, case.rows, &data.grad);
+    let everything = GradientsWanted {
+        x: true,
+        s1s: true,
+        s2s: true,
+        u1s: true,
+        u2s: true,
+    };
+    // Inputs rounded to the half type (relative 2^-11 for f16, 2^-8 for bf16) dominate;
+    // accumulation in f32 adds little.
+    for (dtype, tolerance) in [(DType::F16, 1e-2), (DType::BF16, 3e-2)] {
+        let storage: cubecl::ir::StorageType = dtype.into();
+        if !client.properties().supports_type(storage) {
+            eprintln!("skipped {dtype:?}: this device does not support it");
+            continue;
+        }
+        for path in [ForwardPath::Tiled, ForwardPath::Fused { column_groups: 1 }] {
+            let actual = run_forward(&case, &data, path, dtype);
+            assert_close(&actual, &expected, tolerance, &format!("{dtype:?} forward {path:?}"));
+        }
+        let x = upload(&data.x, &[case.rows, case.d_in], dtype);
+        let grad = upload(&data.grad, &[case.rows, case.d_out], dtype);
+        let grads = backward(x, &case.factors(&data, dtype), grad, everything);
+        for (actual, expected, what) in [
+            (grads.x, &expected_grads.x, "∂x"),
+            (grads.s1s, &expected_grads.s1s, "∂S1s"),
+            (grads.s2s, &expected_grads.s2s, "∂S2s"),
+        ] {
+            let actual = download(actual.unwrap());
+            assert_close(&actual, expected, tolerance, &format!("{dtype:?} {what}"));
+        }
     }
 }
