@@ -275,10 +275,7 @@ pub fn split_count<R: CubeRuntime>(
     if tiles >= target {
         return 1;
     }
-    target
-        .div_ceil(tiles)
-        .min(depth / MIN_SPLIT_DEPTH)
-        .max(1)
+    target.div_ceil(tiles).min(depth / MIN_SPLIT_DEPTH).max(1)
 }
 
 /// The shape and layouts of one [`gemm`] launch.
@@ -348,7 +345,14 @@ pub fn gemm_concat<R: CubeRuntime>(
         concat == CONCAT_COLS || concat == CONCAT_DEPTH,
         "gemm_concat: unknown concatenation {concat}"
     );
-    launch(problem, [lhs, head, lhs, tail], false, (concat, at), bias, out);
+    launch(
+        problem,
+        [lhs, head, lhs, tail],
+        false,
+        (concat, at),
+        bias,
+        out,
+    );
 }
 
 fn launch<R: CubeRuntime>(
@@ -411,11 +415,7 @@ fn launch<R: CubeRuntime>(
 
     if let Some(workspace) = workspace {
         let elements = problem.rows * problem.cols;
-        let cube_dim = CubeDim {
-            x: 256,
-            y: 1,
-            z: 1,
-        };
+        let cube_dim = CubeDim { x: 256, y: 1, z: 1 };
         reduce_splits_kernel::launch::<R>(
             &out.client,
             CubeCount::Static(elements.div_ceil(256) as u32, 1, 1),

@@ -418,7 +418,12 @@ fn half_precision_accumulates_in_f32() {
         }
         for path in [ForwardPath::Tiled, ForwardPath::Fused { column_groups: 1 }] {
             let actual = run_forward(&case, &data, path, dtype);
-            assert_close(&actual, &expected, tolerance, &format!("{dtype:?} forward {path:?}"));
+            assert_close(
+                &actual,
+                &expected,
+                tolerance,
+                &format!("{dtype:?} forward {path:?}"),
+            );
         }
         let x = upload(&data.x, &[case.rows, case.d_in], dtype);
         let grad = upload(&data.grad, &[case.rows, case.d_out], dtype);
