@@ -113,6 +113,23 @@ fn accumulate_product<F: Float>(
     sum
 }
 
+/// `α·acc + bias[col]`: the last step of an output element, whether its sum was made in one
+/// cube ([`gemm_kernel`]) or gathered from slices ([`reduce_splits_kernel`]).
+#[cube]
+fn scale_and_bias<F: Float>(
+    acc: f32,
+    alpha: f32,
+    bias: &Tensor<F>,
+    col: usize,
+    #[comptime] has_bias: bool,
+) -> f32 {
+    let mut value = alpha * acc;
+    if comptime!(has_bias) {
+        value += f32::cast_from(bias[col * bias.stride(0)]);
+    }
+    value
+}
+
 /// The kernel body; see the module documentation. Launched by [`gemm`].
 ///
 /// Cube `(x, y, z)` computes output tile `(y, x)` over depth chunks
@@ -203,10 +220,7 @@ pub fn gemm_kernel<F: Float, O: Float>(
         if comptime!(split) {
             out[(CUBE_POS_Z as usize * rows + row) * cols + col] = O::cast_from(acc);
         } else {
-            let mut value = alpha * acc;
-            if comptime!(has_bias) {
-                value += f32::cast_from(bias[col * bias.stride(0)]);
-            }
+            let value = scale_and_bias::<F>(acc, alpha, bias, col, has_bias);
             out[offset::<O>(out, row, col, rank, out_layout)] = O::cast_from(value);
         }
     }
@@ -240,10 +254,7 @@ pub fn reduce_splits_kernel<F: Float>(
         for s in 0..splits as usize {
             sum += partials[s * rows * cols + index];
         }
-        let mut value = alpha * sum;
-        if comptime!(has_bias) {
-            value += f32::cast_from(bias[col * bias.stride(0)]);
-        }
+        let value = scale_and_bias::<F>(sum, alpha, bias, col, has_bias);
         out[offset::<F>(out, row, col, rank as usize, out_layout)] = F::cast_from(value);
     }
 }
@@ -297,9 +308,9 @@ pub struct GemmProblem {
     pub rhs_layout: u32,
     /// [Layout](crate::layout) the output is written in.
     pub out_layout: u32,
-    /// Slices the depth is cut into (see the module documentation); 1 for none. The
-    /// [`split_count`] heuristic is the usual choice.
-    pub splits: usize,
+    /// Slices the depth is cut into (see the module documentation): `None` lets
+    /// [`split_count`] choose for the device, `Some(1)` is no split.
+    pub splits: Option<usize>,
 }
 
 /// Launches [`gemm_kernel`] (and, when `problem.splits > 1`, [`reduce_splits_kernel`]):
@@ -367,7 +378,10 @@ fn launch<R: CubeRuntime>(
     let tiles = |size: usize| size.div_ceil(tile).max(1) as u32;
     let depth_chunks = problem.depth.div_ceil(tile).max(1);
     // Equal whole-chunk slices; rounding may leave fewer slices than asked for.
-    let chunks_per_split = depth_chunks.div_ceil(problem.splits.clamp(1, depth_chunks));
+    let wanted = problem
+        .splits
+        .unwrap_or_else(|| split_count(&out.client, problem.rows, problem.cols, problem.depth));
+    let chunks_per_split = depth_chunks.div_ceil(wanted.clamp(1, depth_chunks));
     let splits = depth_chunks.div_ceil(chunks_per_split);
     let cube_count = CubeCount::Static(tiles(problem.cols), tiles(problem.rows), splits as u32);
     let cube_dim = CubeDim {

@@ -190,7 +190,7 @@ fn project<R: CubeRuntime>(x: &CubeTensor<R>, factor: &CubeTensor<R>, dims: Dims
         lhs_layout: ROW_MAJOR,
         rhs_layout: INPUT_FACTOR,
         out_layout: ROW_MAJOR,
-        splits: split_count(&x.client, rows, dims.half(), dims.d_in),
+        splits: None,
     };
     gemm(&problem, (x, factor), None, None, &out);
     out
@@ -252,7 +252,7 @@ pub fn forward_with<R: CubeRuntime>(
                 lhs_layout: ROW_MAJOR,
                 rhs_layout: INPUT_FACTOR,
                 out_layout: ROW_MAJOR,
-                splits: split_count(&x.client, rows, width, dims.d_in),
+                splits: None,
             };
             gemm_concat(
                 &problem,
@@ -271,7 +271,7 @@ pub fn forward_with<R: CubeRuntime>(
                 lhs_layout: ROW_MAJOR,
                 rhs_layout: OUTPUT_FACTOR,
                 out_layout: ROW_MAJOR,
-                splits: split_count(&x.client, rows, dims.d_out, width),
+                splits: None,
             };
             gemm_concat(
                 &problem,
@@ -319,7 +319,7 @@ pub fn backward<R: CubeRuntime>(
             lhs_layout: ROW_MAJOR,
             rhs_layout: OUTPUT_FACTOR_T,
             out_layout: ROW_MAJOR,
-            splits: split_count(&x.client, rows, half, dims.d_out),
+            splits: None,
         };
         gemm(&problem, (&grad_output, factor), None, None, &out);
         out
@@ -340,7 +340,7 @@ pub fn backward<R: CubeRuntime>(
                 lhs_layout: ROW_MAJOR,
                 rhs_layout: INPUT_FACTOR_T,
                 out_layout: ROW_MAJOR,
-                splits: split_count(&x.client, rows, dims.d_in, half),
+                splits: None,
             };
             gemm(
                 &problem,
@@ -366,7 +366,7 @@ pub fn backward<R: CubeRuntime>(
             lhs_layout: TRANSPOSED,
             rhs_layout: ROW_MAJOR,
             out_layout: INPUT_FACTOR,
-            splits: split_count(&x.client, dims.d_in, half, rows),
+            splits: None,
         };
         gemm(&problem, (&x, grad_p), None, None, &out);
         out
@@ -393,7 +393,7 @@ pub fn backward<R: CubeRuntime>(
             lhs_layout: TRANSPOSED,
             rhs_layout: ROW_MAJOR,
             out_layout: OUTPUT_FACTOR,
-            splits: split_count(&x.client, half, dims.d_out, rows),
+            splits: None,
         };
         gemm(&problem, (&p, &grad_output), None, None, &out);
         out

@@ -281,7 +281,7 @@ fn split_depth_matches_one_pass() {
             lhs_layout: ROW_MAJOR,
             rhs_layout: ROW_MAJOR,
             out_layout: ROW_MAJOR,
-            splits,
+            splits: Some(splits),
         };
         gemm(&problem, (&lhs, &rhs), None, Some(&bias), &out);
         assert_close(&download(out), &expected, 1e-5, &format!("{splits} splits"));
