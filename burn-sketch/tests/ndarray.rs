@@ -29,6 +29,77 @@ fn gradients_match_closed_form() {
     common::gradients_match_closed_form::<AB>(&DEVICE);
 }
 
+/// NdArray's own path (direct matrix products on its arrays) against the tensor-op path, in
+/// both float widths NdArray stores.
+#[test]
+fn backend_path_matches_tensor_ops() {
+    common::backend_path_matches_tensor_ops::<B>(&DEVICE);
+    common::backend_path_matches_tensor_ops::<NdArray<f64>>(&DEVICE);
+}
+
+/// The NdArray path reads an input through its strides (a transposed view here), and
+/// computes exactly the gradients it is asked for, each equal to the tensor-op path's.
+#[test]
+fn backend_path_takes_strided_inputs_and_partial_gradients() {
+    use burn_sketch::SketchBackend;
+    use burn_sketch::backend::{WantedGradients, tensor_ops};
+    let _serial = common::serial();
+    B::seed(&DEVICE, 9);
+    let (rows, d_in, d_out) = (6, 11, 7);
+    let layer = SkLinearConfig::new(d_in, d_out, 3, 2).init::<B>(&DEVICE);
+    let x = Tensor::<B, 2>::random([d_in, rows], Distribution::Default, &DEVICE).transpose();
+    let g = Tensor::<B, 2>::random([d_out, rows], Distribution::Default, &DEVICE).transpose();
+    let bias = layer.bias.as_ref().map(|b| b.val());
+    common::assert_close(
+        B::sketched_linear(x.clone(), layer.weights(), bias.clone()).into_data(),
+        tensor_ops::sketched_linear(x.clone(), layer.weights(), bias).into_data(),
+        "forward of a transposed input",
+    );
+
+    let none = WantedGradients::default();
+    for wanted in [
+        WantedGradients { x: true, ..none },
+        WantedGradients { s1s: true, ..none },
+        WantedGradients { s2s: true, ..none },
+        WantedGradients {
+            u1s: true,
+            u2s: true,
+            ..none
+        },
+        none,
+    ] {
+        let actual = B::sketched_linear_backward(x.clone(), layer.weights(), g.clone(), wanted);
+        let expected =
+            tensor_ops::sketched_linear_backward(x.clone(), layer.weights(), g.clone(), wanted);
+        let what = format!("{wanted:?}");
+        let present = [
+            actual.x.is_some(),
+            actual.s1s.is_some(),
+            actual.s2s.is_some(),
+            actual.u1s.is_some(),
+            actual.u2s.is_some(),
+        ];
+        assert_eq!(
+            present,
+            [wanted.x, wanted.s1s, wanted.s2s, wanted.u1s, wanted.u2s],
+            "{what}: gradients present"
+        );
+        if let (Some(a), Some(e)) = (actual.x, expected.x) {
+            common::assert_close(a.into_data(), e.into_data(), &format!("∂x, {what}"));
+        }
+        for (a, e, name) in [
+            (actual.s1s, expected.s1s, "∂S1s"),
+            (actual.s2s, expected.s2s, "∂S2s"),
+            (actual.u1s, expected.u1s, "∂U1s"),
+            (actual.u2s, expected.u2s, "∂U2s"),
+        ] {
+            if let (Some(a), Some(e)) = (a, e) {
+                common::assert_close(a.into_data(), e.into_data(), &format!("{name}, {what}"));
+            }
+        }
+    }
+}
+
 #[test]
 fn init_is_seeded() {
     common::init_is_seeded::<B>(&DEVICE);

@@ -14,6 +14,8 @@ mod cubecl;
 #[cfg(feature = "fusion")]
 mod fusion;
 mod gradients;
+#[cfg(feature = "ndarray")]
+mod ndarray;
 #[cfg(feature = "cubecl")]
 mod policy;
 pub mod tensor_ops;
@@ -64,13 +66,4 @@ pub trait SketchBackend: Backend {
     ) -> SketchGradients<Self> {
         tensor_ops::sketched_linear_backward(x, weights, grad_output, wanted)
     }
-}
-
-#[cfg(feature = "ndarray")]
-impl<E, I, Q> SketchBackend for burn_ndarray::NdArray<E, I, Q>
-where
-    burn_ndarray::NdArrayTensor:
-        From<burn_ndarray::SharedArray<E>> + From<burn_ndarray::SharedArray<I>>,
-    Self: Backend,
-{
 }

@@ -16,8 +16,10 @@ use super::{SketchGradients, SketchWeights, WantedGradients};
 /// is two contiguous blocks because `U1s`/`S2s` are `[T, k, d_out]`. The input-side factors
 /// `S1s`/`U2s` (`[T, d_in, k]`) are never copied: for `T > 1`, `x` meets them in a broadcast
 /// batched product and only its small `[T, n, k]` results are reordered. Interleaving them
-/// into one `[d_in, 2Tk]` factor instead would copy both weights on every call, which on CPU
-/// costs about as much as the products themselves.
+/// into one `[d_in, 2Tk]` factor instead would copy both weights on every call, and a
+/// concatenation along the rank axis is a strided copy that, through generic tensor ops,
+/// costs about as much as the products (NdArray's own path builds that factor directly on
+/// its arrays, where the copy is cheap).
 ///
 /// The `1/(2T)` scale is applied to whichever of `P` and `B` is smaller.
 pub fn sketched_linear<B: Backend>(
