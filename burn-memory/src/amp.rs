@@ -264,12 +264,36 @@ impl MixedPrecision {
         optimizer: &mut O,
         learning_rate: f64,
         module: M,
-        mut grads: GradientsParams,
+        grads: GradientsParams,
     ) -> (M, StepOutcome)
     where
         B: AutodiffBackend,
         M: AutodiffModule<B>,
         O: Optimizer<M, B>,
+    {
+        match self.unscale(&module, grads) {
+            Some(grads) => (
+                optimizer.step(learning_rate, module, grads),
+                StepOutcome::Applied,
+            ),
+            None => (module, StepOutcome::Skipped),
+        }
+    }
+
+    /// The half of [`step`](Self::step) before the optimizer, for loops that call the
+    /// optimizer elsewhere, such as burn-train's `Learner`, which steps with the gradients a
+    /// `TrainStep` returns. Unscales `grads` (scaled gradients of `module`) and updates the
+    /// loss scale: `Some` with the true gradients when all are finite, `None` when the step
+    /// must be skipped. An empty `GradientsParams` skips it in a `TrainStep`: Burn's
+    /// optimizers leave a parameter without a gradient, and its state, untouched.
+    pub fn unscale<B, M>(
+        &mut self,
+        module: &M,
+        mut grads: GradientsParams,
+    ) -> Option<GradientsParams>
+    where
+        B: AutodiffBackend,
+        M: Module<B>,
     {
         let mut unscale = Unscale::<B> {
             grads: &mut grads,
@@ -292,10 +316,9 @@ impl MixedPrecision {
                 "mixed precision: non-finite gradients, step skipped; loss scale now {}",
                 self.scale
             );
-            return (module, StepOutcome::Skipped);
+            return None;
         }
 
-        let module = optimizer.step(learning_rate, module, grads);
         self.clean_steps += 1;
         if let LossScale::Dynamic {
             growth_factor,
@@ -310,7 +333,7 @@ impl MixedPrecision {
                 tracing::debug!("mixed precision: loss scale grows to {}", self.scale);
             }
         }
-        (module, StepOutcome::Applied)
+        Some(grads)
     }
 }
 

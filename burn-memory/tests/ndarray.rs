@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use burn::backend::{Autodiff, NdArray};
 use burn::module::{AutodiffModule, Module};
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::{GradientsAccumulator, GradientsParams, SgdConfig};
+use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::{Distribution, Tensor, TensorData, Tolerance};
 use burn_memory::{
     LossScale, MemoryError, MemoryMonitor, MemoryTracker, MixedPrecision, MixedPrecisionConfig,
@@ -97,6 +97,34 @@ fn a_nan_gradient_also_skips_and_a_static_scale_stays() {
     let (after, outcome) = amp.step(&mut optim, 0.5, model, grads);
     assert_eq!(outcome, StepOutcome::Skipped);
     assert_eq!(amp.scale(), 128.0);
+    weights(&after).assert_eq(&before, true);
+}
+
+/// `unscale`, the half of `step` a `TrainStep` uses: the true gradients when finite; `None`
+/// otherwise, and then an empty gradient set makes the optimizer a no-op, as documented.
+#[test]
+fn unscale_gives_the_true_gradients_or_none_for_a_skipped_step() {
+    let (model, x, y) = setup();
+    let plain = f32_amp(LossScale::Static(1.0));
+    let mut amp = f32_amp(LossScale::Static(512.0));
+    let mut expected = scaled_grads(&plain, &model, x.clone(), y.clone());
+    let scaled = scaled_grads(&amp, &model, x.clone(), y.clone());
+    let mut unscaled = amp.unscale(&model, scaled).expect("finite gradients");
+    let grad = |grads: &mut GradientsParams| grads.remove::<B, 2>(model.weight.id).unwrap();
+    grad(&mut unscaled)
+        .into_data()
+        .assert_approx_eq::<f32>(&grad(&mut expected).into_data(), Tolerance::absolute(1e-6));
+
+    let mut poisoned = scaled_grads(&amp, &model, x, y);
+    let bias = model.bias.as_ref().unwrap().id;
+    let grad = poisoned.remove::<B, 1>(bias).unwrap();
+    poisoned.register(bias, grad.mul_scalar(f32::INFINITY));
+    assert!(amp.unscale(&model, poisoned).is_none());
+    assert_eq!(amp.skipped_steps(), 1);
+
+    let before = weights(&model);
+    let mut optim = SgdConfig::new().init();
+    let after = optim.step(0.5, model, GradientsParams::new());
     weights(&after).assert_eq(&before, true);
 }
 

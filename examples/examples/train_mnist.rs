@@ -7,6 +7,7 @@
 //! cargo run --release -p examples --example train_mnist -- --dense   # the dense baseline
 //! cargo run --release -p examples --example train_mnist -- --epochs 12 --resume
 //! cargo run --release -p examples --example train_mnist -- --auto-batch 400 --checkpointing
+//! cargo run --release -p examples --example train_mnist -- --backend wgpu --amp f16
 //! ```
 //!
 //! The data is the 10,000-digit sample embedded in `examples/data/mnist10k` (8,000 train,
@@ -18,6 +19,7 @@ use std::path::PathBuf;
 
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::{Autodiff, NdArray, Wgpu};
+use burn_memory::Precision;
 use clap::{Parser, ValueEnum};
 use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
@@ -83,6 +85,16 @@ struct Args {
     /// Pick the batch size: the largest whose training step peaks within this many MB.
     #[arg(long, value_name = "MB")]
     auto_batch: Option<u64>,
+    /// Mixed precision: forward and backward in f16 (dynamic loss scaling) or bf16, over f32
+    /// weights. Needs a backend with that type (wgpu; NdArray has only f32/f64).
+    #[arg(long, value_enum)]
+    amp: Option<AmpKind>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum AmpKind {
+    F16,
+    Bf16,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -98,7 +110,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_learning_rate(args.lr)
         .with_seed(args.seed)
         .with_train_limit(args.train_limit)
-        .with_auto_batch_mb(args.auto_batch);
+        .with_auto_batch_mb(args.auto_batch)
+        .with_amp(args.amp.map(|kind| match kind {
+            AmpKind::F16 => Precision::F16,
+            AmpKind::Bf16 => Precision::Bf16,
+        }));
     let data = args.data.clone().unwrap_or_else(Mnist::embedded_dir);
     let kind = if args.dense { "dense" } else { "sketched" };
     let dir = args
@@ -140,6 +156,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("total trainable params:   {}", report.trainable_params);
     println!("batch size:               {}", report.batch_size);
+    if let Some(amp) = &report.amp {
+        println!(
+            "mixed precision:          {:?}, loss scale {} at the end, {} steps skipped",
+            amp.precision(),
+            amp.scale(),
+            amp.skipped_steps()
+        );
+    }
     println!(
         "training time:            {:.1}s (epochs {}..={})",
         report.seconds,

@@ -1,13 +1,17 @@
 //! The MLP classifier the examples train, with sketched or dense hidden layers.
 
+use std::sync::{Arc, Mutex};
+
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::Tensor;
+use burn::optim::GradientsParams;
 use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Tensor};
 use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
+use burn_memory::MixedPrecision;
 use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
 
 use crate::data::DigitBatch;
@@ -42,6 +46,10 @@ pub struct Mlp<B: Backend> {
     sketched: Vec<SkLinear<B>>,
     dense: Vec<Linear<B>>,
     output: Linear<B>,
+    /// Mixed-precision training state, shared by the model's copies: the learner's
+    /// `TrainStep` takes `&self`, yet the loss scale must change between steps.
+    #[module(skip)]
+    amp: Option<Arc<Mutex<MixedPrecision>>>,
 }
 
 impl MlpConfig {
@@ -65,6 +73,7 @@ impl MlpConfig {
             sketched,
             dense,
             output: LinearConfig::new(last, self.classes).init(device),
+            amp: None,
         }
     }
 }
@@ -100,6 +109,7 @@ impl<B: Backend> Mlp<B> {
             sketched: self.sketched.iter().cloned().chain(converted).collect(),
             dense: Vec::new(),
             output: self.output.clone(),
+            amp: self.amp.clone(),
         })
     }
 
@@ -117,6 +127,18 @@ impl<B: Backend> Mlp<B> {
                 norm(diff) / norm(w)
             })
             .collect()
+    }
+
+    /// The model trained with mixed precision: its training steps run forward and backward in
+    /// `amp`'s compute type over the f32 weights, with loss scaling (burn-memory).
+    pub fn with_amp(mut self, amp: MixedPrecision) -> Self {
+        self.amp = Some(Arc::new(Mutex::new(amp)));
+        self
+    }
+
+    /// The mixed-precision state (current loss scale, skipped steps), if training uses it.
+    pub fn amp(&self) -> Option<MixedPrecision> {
+        self.amp.as_ref().map(|amp| lock(amp).clone())
     }
 
     /// Trainable parameters of the hidden layers, the part that sketching shrinks.
@@ -155,9 +177,33 @@ where
     type Output = ClassificationOutput<B>;
 
     fn step(&self, batch: DigitBatch<B>) -> TrainOutput<ClassificationOutput<B>> {
-        let item = self.forward_classification(batch);
-        TrainOutput::new(self, item.loss.backward(), item)
+        let Some(amp) = &self.amp else {
+            let item = self.forward_classification(batch);
+            return TrainOutput::new(self, item.loss.backward(), item);
+        };
+        let mut amp = lock(amp);
+        // Forward and backward in the compute type; logits back in f32 for a stable loss.
+        let logits = amp
+            .cast_module(self)
+            .forward(amp.cast_input(batch.images))
+            .cast(DType::F32);
+        let loss = CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(logits.clone(), batch.targets.clone());
+        let scaled = GradientsParams::from_grads(amp.scale_loss(loss.clone()).backward(), self);
+        // No gradients at all: the learner's optimizer then leaves the model alone.
+        let grads = amp.unscale(self, scaled).unwrap_or_default();
+        TrainOutput {
+            grads,
+            item: ClassificationOutput::new(loss, logits, batch.targets),
+        }
     }
+}
+
+/// The lock of the shared mixed-precision state; a panic elsewhere cannot corrupt it (each
+/// update is a few scalar assignments), so a poisoned lock is taken over.
+fn lock(amp: &Mutex<MixedPrecision>) -> std::sync::MutexGuard<'_, MixedPrecision> {
+    amp.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl<B: SketchBackend> InferenceStep for Mlp<B> {

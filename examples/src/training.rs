@@ -17,7 +17,10 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use burn::train::metric::{AccuracyMetric, CpuUse, LossMetric};
 use burn::train::{Learner, SupervisedTraining};
-use burn_memory::{BatchSizeSearchConfig, DeviceMemory, DeviceMemoryMetric, MemoryBudget};
+use burn_memory::{
+    BatchSizeSearchConfig, DeviceMemory, DeviceMemoryMetric, LossScale, MemoryBudget,
+    MixedPrecision, MixedPrecisionConfig, Precision,
+};
 use burn_sketch::SketchBackend;
 
 use crate::data::{DigitBatch, DigitBatcher, DigitDataset};
@@ -51,6 +54,10 @@ pub struct TrainingConfig {
     /// peaks within this many MB (burn-memory's batch-size search, run before training).
     #[config(default = "None")]
     pub auto_batch_mb: Option<u64>,
+    /// Mixed-precision training in this compute type (burn-memory's AMP): f16 with a dynamic
+    /// loss scale, bf16 unscaled (it has f32's range). The backend must support the type.
+    #[config(default = "None")]
+    pub amp: Option<Precision>,
 }
 
 /// Why a run could not start.
@@ -97,6 +104,8 @@ pub struct TrainingReport {
     pub seconds: f64,
     /// The batch size trained with (the search's result with `auto_batch_mb`).
     pub batch_size: usize,
+    /// The mixed-precision state at the end (loss scale, skipped steps), with `amp`.
+    pub amp: Option<MixedPrecision>,
 }
 
 /// The checkpoints of epoch `epoch` under `dir`.
@@ -142,12 +151,24 @@ where
     let resumed_from = prepare_dir(config, dir, resume)?;
 
     B::seed(device, config.seed);
-    let model: Mlp<B> = config.model.init(device);
+    let mut model: Mlp<B> = config.model.init(device);
     let train_data = DigitDataset::new(train_set);
+    // The search measures f32 steps: with AMP the batch it finds fits with room to spare.
     let batch_size = match config.auto_batch_mb {
         Some(mb) => search_batch_size(&model, mb, train_data.len(), config.model.d_input, device)?,
         None => config.batch_size,
     };
+    if let Some(precision) = config.amp {
+        let loss_scale = match precision {
+            Precision::F16 => LossScale::dynamic(),
+            Precision::F32 | Precision::Bf16 => LossScale::Static(1.0),
+        };
+        let amp = MixedPrecisionConfig::new()
+            .with_compute(precision)
+            .with_loss_scale(loss_scale)
+            .init::<B>(device)?;
+        model = model.with_amp(amp);
+    }
     let test_data = DigitDataset::new(test_set);
     let loader_train = DataLoaderBuilder::new(DigitBatcher)
         .batch_size(batch_size)
@@ -197,6 +218,7 @@ where
         resumed_from,
         seconds,
         batch_size,
+        amp: model.amp(),
     })
 }
 

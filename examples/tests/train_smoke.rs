@@ -1,8 +1,15 @@
 //! A short `train_mnist` run through burn-train: the loss falls, a checkpoint appears each
-//! epoch, and `resume` continues from it.
+//! epoch, and `resume` continues from it; and the mixed-precision step the learner runs.
 
 use burn::backend::{Autodiff, NdArray};
-use examples::data::DigitDataset;
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::Dataset;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::Tolerance;
+use burn::tensor::backend::Backend;
+use burn::train::TrainStep;
+use burn_memory::{LossScale, MixedPrecisionConfig, Precision};
+use examples::data::{DigitBatch, DigitBatcher, DigitDataset};
 use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
 use examples::training::{
@@ -64,4 +71,51 @@ fn training_lowers_the_loss_checkpoints_and_resumes() {
         .with_seed(7);
     let err = train::<B>(&other, &data, &run, true, &device).unwrap_err();
     assert!(matches!(err, TrainingError::ConfigMismatch { .. }), "{err}");
+}
+
+/// The mixed-precision training step the learner runs (`--amp`): with a loss scale, its
+/// gradients are the plain step's, and a step whose gradients overflow hands the learner none,
+/// so that its optimizer leaves the model alone, and counts as skipped. NdArray computes only
+/// in f32, so this checks the scaling and the skipping; on Wgpu the same step runs in f16.
+#[test]
+fn mixed_precision_steps_unscale_or_skip() {
+    let device = Default::default();
+    let digits = DigitDataset::new(Mnist::read(&Mnist::embedded_dir(), "train").unwrap());
+    let batch: DigitBatch<B> =
+        DigitBatcher.batch((0..64).filter_map(|i| digits.get(i)).collect(), &device);
+    <B as Backend>::seed(&device, 3);
+    let model = MlpConfig::new()
+        .with_hidden(vec![32])
+        .with_low_rank(4)
+        .init::<B>(&device);
+    let amp = |scale| {
+        MixedPrecisionConfig::new()
+            .with_compute(Precision::F32)
+            .with_loss_scale(LossScale::Static(scale))
+            .init::<B>(&device)
+            .unwrap()
+    };
+    let step = |grads: GradientsParams| AdamConfig::new().init().step(1e-2, model.clone(), grads);
+
+    let plain = TrainStep::step(&model, batch.clone()).grads;
+    let scaled_model = model.clone().with_amp(amp(4096.0));
+    let scaled = TrainStep::step(&scaled_model, batch.clone()).grads;
+    assert_eq!(scaled.len(), plain.len());
+    let after_scaled = step(scaled).forward(batch.images.clone()).into_data();
+    let after_plain = step(plain).forward(batch.images.clone()).into_data();
+    after_scaled.assert_approx_eq::<f32>(&after_plain, Tolerance::absolute(1e-5));
+    assert_eq!(scaled_model.amp().unwrap().skipped_steps(), 0);
+
+    let overflowing = model.clone().with_amp(amp(f32::MAX));
+    let output = TrainStep::step(&overflowing, batch.clone());
+    assert!(
+        output.grads.is_empty(),
+        "an overflowing step must hand over no gradients"
+    );
+    assert_eq!(overflowing.amp().unwrap().skipped_steps(), 1);
+    let before = model.forward(batch.images.clone()).into_data();
+    step(output.grads)
+        .forward(batch.images)
+        .into_data()
+        .assert_eq(&before, true);
 }

@@ -220,7 +220,13 @@ where
 }
 
 /// The closed forms of [`tensor_ops::sketched_linear_backward`] with `A` and `B` as above:
-/// `∂P = α·∂y·Bᵀ`, `∂x = ∂P·Aᵀ`, `∂A = xᵀ·∂P`, `∂B = α·(x·A)ᵀ·∂y`, each one product.
+/// `∂P = α·∂y·Bᵀ`, `∂x = ∂P·Aᵀ`, `∂S1_t`/`∂U2_t` = `xᵀ·∂P` (term `t`'s block), and
+/// `∂U1`/`∂S2` = `α·(x·A)ᵀ·∂y` (their half).
+///
+/// The factor gradients are written straight into the factors' layouts: `[T, k, d_out]` is
+/// `[Tk, d_out]` in memory, so each output-side one is a single product; the input-side ones
+/// are one product per term. The packed `A` and `B` are dropped as soon as their products are
+/// done, so the extra memory over the tensor-op path is one copy of the weights at a time.
 fn backward<F, B>(
     x: &Tensor<B, 2>,
     weights: &SketchWeights<B>,
@@ -235,53 +241,50 @@ where
     let x = array::<B, 2, F>(x)?;
     let grad_output = array::<B, 2, F>(grad_output)?;
     let (x, grad_output) = (view2(&x), view2(&grad_output));
-    let (terms, _, k) = Arrays::view(&arrays.s1s).dim();
+    let (terms, d_input, k) = Arrays::view(&arrays.s1s).dim();
+    let (half, d_output) = (terms * k, grad_output.ncols());
     let scale = arrays.scale();
-    let input_factor = arrays.input_factor();
 
     let grad_p = (wanted.x || wanted.s1s || wanted.u2s)
         .then(|| product(scale, &grad_output, &arrays.output_factor().t()));
-    let grad_x = grad_p
-        .as_ref()
-        .filter(|_| wanted.x)
-        .map(|grad_p| product(F::one(), &grad_p.view(), &input_factor.t()));
-    let grad_input = grad_p
-        .as_ref()
-        .filter(|_| wanted.s1s || wanted.u2s)
-        .map(|grad_p| product(F::one(), &x.t(), &grad_p.view()));
-    let grad_output_factor = (wanted.u1s || wanted.s2s).then(|| {
-        let p = product(scale, &x, &input_factor.view());
-        product(F::one(), &p.t(), &grad_output)
-    });
+    let (grad_x, p) = {
+        let input_factor = arrays.input_factor();
+        let grad_x = grad_p
+            .as_ref()
+            .filter(|_| wanted.x)
+            .map(|grad_p| product(F::one(), &grad_p.view(), &input_factor.t()));
+        let p = (wanted.u1s || wanted.s2s).then(|| product(scale, &x, &input_factor.view()));
+        (grad_x, p)
+    };
 
-    // Block `h` (0: S1/U1, 1: U2/S2) of a gradient of `A` (column blocks) or `B` (row
-    // blocks), in the factors' `[T, …]` layout.
-    let input_half = |half: usize| {
-        let grad = grad_input.as_ref().expect("wanted");
-        let mut out = Array3::zeros((terms, grad.nrows(), k));
+    // Half `h` (0: S1, 1: U2) of `∂A`, as `[T, d_in, k]`.
+    let input_grad = |h: usize| {
+        let grad_p = grad_p.as_ref().expect("wanted");
+        let mut out = Array3::zeros((terms, d_input, k));
         for (t, mut term) in out.outer_iter_mut().enumerate() {
-            let block = half * terms + t;
-            term.assign(&grad.slice(s![.., block * k..(block + 1) * k]));
+            let block = h * terms + t;
+            let columns = grad_p.slice(s![.., block * k..(block + 1) * k]);
+            general_mat_mul(F::one(), &x.t(), &columns, F::zero(), &mut term);
         }
         tensor(out)
     };
-    let output_half = |half: usize| {
-        let grad = grad_output_factor.as_ref().expect("wanted");
-        let rows = s![half * terms * k..(half + 1) * terms * k, ..];
-        let block = grad.slice(rows).to_owned();
-        let d_output = block.ncols();
+    // Half `h` (0: U1, 1: S2) of `∂B`, as `[T, k, d_out]`.
+    let output_grad = |h: usize| {
+        let p = p.as_ref().expect("wanted");
+        let columns = p.slice(s![.., h * half..(h + 1) * half]);
+        let mut out = Array2::zeros((half, d_output));
+        general_mat_mul(F::one(), &columns.t(), &grad_output, F::zero(), &mut out);
         tensor(
-            block
-                .into_shape_with_order((terms, k, d_output))
-                .expect("row blocks are contiguous"),
+            out.into_shape_with_order((terms, k, d_output))
+                .expect("a standard-layout array"),
         )
     };
 
     Some(SketchGradients {
         x: grad_x.map(tensor),
-        s1s: wanted.s1s.then(|| input_half(0)),
-        u2s: wanted.u2s.then(|| input_half(1)),
-        u1s: wanted.u1s.then(|| output_half(0)),
-        s2s: wanted.s2s.then(|| output_half(1)),
+        s1s: wanted.s1s.then(|| input_grad(0)),
+        u2s: wanted.u2s.then(|| input_grad(1)),
+        u1s: wanted.u1s.then(|| output_grad(0)),
+        s2s: wanted.s2s.then(|| output_grad(1)),
     })
 }
