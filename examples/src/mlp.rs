@@ -9,7 +9,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::optim::GradientsParams;
 use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Int, Tensor};
 use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
 use burn_memory::MixedPrecision;
 use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
@@ -161,12 +161,19 @@ impl<B: Backend> Mlp<B> {
 impl<B: SketchBackend> Mlp<B> {
     /// Logits, cross-entropy loss and targets of a batch, what burn-train's metrics read.
     pub fn forward_classification(&self, batch: DigitBatch<B>) -> ClassificationOutput<B> {
-        let logits = self.forward(batch.images);
-        let loss = CrossEntropyLossConfig::new()
-            .init(&logits.device())
-            .forward(logits.clone(), batch.targets.clone());
-        ClassificationOutput::new(loss, logits, batch.targets)
+        classification(self.forward(batch.images), batch.targets)
     }
+}
+
+/// The cross-entropy loss of `logits` against `targets`, with both.
+fn classification<B: Backend>(
+    logits: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+) -> ClassificationOutput<B> {
+    let loss = CrossEntropyLossConfig::new()
+        .init(&logits.device())
+        .forward(logits.clone(), targets.clone());
+    ClassificationOutput::new(loss, logits, targets)
 }
 
 impl<B> TrainStep for Mlp<B>
@@ -187,16 +194,12 @@ where
             .cast_module(self)
             .forward(amp.cast_input(batch.images))
             .cast(DType::F32);
-        let loss = CrossEntropyLossConfig::new()
-            .init(&logits.device())
-            .forward(logits.clone(), batch.targets.clone());
-        let scaled = GradientsParams::from_grads(amp.scale_loss(loss.clone()).backward(), self);
+        let item = classification(logits, batch.targets);
+        let scaled =
+            GradientsParams::from_grads(amp.scale_loss(item.loss.clone()).backward(), self);
         // No gradients at all: the learner's optimizer then leaves the model alone.
         let grads = amp.unscale(self, scaled).unwrap_or_default();
-        TrainOutput {
-            grads,
-            item: ClassificationOutput::new(loss, logits, batch.targets),
-        }
+        TrainOutput { grads, item }
     }
 }
 

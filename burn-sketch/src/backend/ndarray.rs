@@ -20,7 +20,9 @@
 //! back to the tensor-op path.
 
 use ::ndarray::linalg::general_mat_mul;
-use ::ndarray::{Array2, Array3, ArrayView1, ArrayView2, ArrayView3, Ix1, Ix2, Ix3, s};
+use ::ndarray::{
+    Array2, Array3, ArrayView1, ArrayView2, ArrayView3, Axis, Ix1, Ix2, Ix3, Slice, s,
+};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
@@ -118,42 +120,36 @@ impl<F: Element> Arrays<F> {
     /// This column order differs from [`SketchWeights::factors`] (term by term), which is
     /// free here because both products use the same order.
     fn input_factor(&self) -> Array2<F> {
-        let [s1s, u2s] = [&self.s1s, &self.u2s].map(|a| Self::view(a));
-        let (terms, d_input, k) = s1s.dim();
-        let mut factor = Array2::zeros((d_input, 2 * terms * k));
-        for (block, source) in [s1s, u2s]
-            .iter()
-            .flat_map(|factors| factors.outer_iter())
-            .enumerate()
-        {
-            factor
-                .slice_mut(s![.., block * k..(block + 1) * k])
-                .assign(&source);
-        }
-        factor
+        pack([&self.s1s, &self.u2s], Axis(1))
     }
 
     /// `B = [U1_1; …; U1_T; S2_1; …; S2_T]`, `[2Tk, d_out]`: two contiguous blocks.
     fn output_factor(&self) -> Array2<F> {
-        let [u1s, s2s] = [&self.u1s, &self.s2s].map(|a| Self::view(a));
-        let (terms, k, d_output) = u1s.dim();
-        let mut factor = Array2::zeros((2 * terms * k, d_output));
-        for (block, source) in [u1s, s2s]
-            .iter()
-            .flat_map(|factors| factors.outer_iter())
-            .enumerate()
-        {
-            factor
-                .slice_mut(s![block * k..(block + 1) * k, ..])
-                .assign(&source);
-        }
-        factor
+        pack([&self.u1s, &self.s2s], Axis(0))
     }
 
     /// `α = 1/(2T)`.
     fn scale(&self) -> F {
         F::from_f64(1.0 / (2.0 * self.s1s.shape()[0] as f64))
     }
+}
+
+/// The `2T` matrices of two `[T, …]` factors side by side along `axis` of one matrix.
+fn pack<F: Element>(halves: [&SharedArray<F>; 2], axis: Axis) -> Array2<F> {
+    let blocks: Vec<ArrayView2<'_, F>> = halves
+        .iter()
+        .flat_map(|half| Arrays::view(half).into_outer_iter())
+        .collect();
+    let width = blocks[0].len_of(axis);
+    let mut shape = blocks[0].raw_dim();
+    shape[axis.index()] *= blocks.len();
+    let mut packed = Array2::zeros(shape);
+    for (i, block) in blocks.iter().enumerate() {
+        packed
+            .slice_axis_mut(axis, Slice::from(i * width..(i + 1) * width))
+            .assign(block);
+    }
+    packed
 }
 
 /// The array behind `tensor`, if it holds `F`.
