@@ -48,7 +48,7 @@ struct Args {
     seed: u64,
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let device = Default::default();
     let dir = Mnist::embedded_dir();

@@ -74,7 +74,7 @@ struct Profile {
     sketch_train_peak: u64,
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let name = format!("{:?}", args.backend).to_lowercase();
     let out = args
@@ -237,12 +237,7 @@ type Quantity = fn(&Profile) -> (f64, f64);
 
 /// Grouped bars, one group per layer: parameter bytes and the two measured peaks, dense
 /// against sketched.
-fn plot(
-    profiles: &[Profile],
-    path: &Path,
-    backend: &str,
-    batch: usize,
-) -> Result<(), Box<dyn std::error::Error>> {
+fn plot(profiles: &[Profile], path: &Path, backend: &str, batch: usize) -> anyhow::Result<()> {
     burn_memory::register_plot_font();
     let size = (1200, 600);
     if path.extension().is_some_and(|e| e == "svg") {
@@ -262,7 +257,7 @@ fn draw<DB: DrawingBackend>(
     profiles: &[Profile],
     backend: &str,
     batch: usize,
-) -> Result<(), Box<dyn std::error::Error>>
+) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
 {

@@ -74,7 +74,7 @@ const WIDTH: usize = 512;
 const DEPTH: usize = 12;
 const BATCH: usize = 1024;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     match args.backend {
         BackendKind::Ndarray => run::<NdArray>("ndarray", args.out),
@@ -82,10 +82,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-fn run<B: DeviceMemory>(
-    name: &str,
-    out: Option<PathBuf>,
-) -> Result<(), Box<dyn std::error::Error>> {
+fn run<B: DeviceMemory>(name: &str, out: Option<PathBuf>) -> anyhow::Result<()> {
     let out = out.unwrap_or_else(|| PathBuf::from("target/memory_tools").join(name));
     std::fs::create_dir_all(&out)?;
     let device: B::Device = Default::default();
@@ -171,7 +168,7 @@ fn run<B: DeviceMemory>(
 fn monitored_training<B: DeviceMemory>(
     device: &B::Device,
     out: &std::path::Path,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> anyhow::Result<()> {
     type A<B> = Autodiff<B>;
     let tracker = MemoryTracker::<A<B>>::new(device);
     let monitor = MemoryMonitor::start(tracker.clone(), Duration::from_millis(2));
@@ -242,7 +239,7 @@ impl<B: DeviceMemory> WithAutodiff<B> for CheckpointRun<B> {
 fn amp_step<B: DeviceMemory>(
     device: &B::Device,
     precision: Precision,
-) -> Result<(f64, u64, DType), Box<dyn std::error::Error>> {
+) -> anyhow::Result<(f64, u64, DType)> {
     type A<B> = Autodiff<B>;
     let mut amp = MixedPrecisionConfig::new()
         .with_compute(precision)

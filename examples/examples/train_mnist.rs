@@ -25,9 +25,12 @@ use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
 use examples::training::{TrainingConfig, describe, train};
 
-/// On NdArray, the dashboard's memory metrics are exact heap bytes rather than resident memory.
+/// On NdArray every operation allocates its output. mimalloc keeps freed blocks for the next
+/// step where glibc hands large ones back to the OS and page-faults them in again. The counting
+/// wrapper makes the dashboard's memory metrics exact heap bytes rather than resident memory.
 #[global_allocator]
-static ALLOCATOR: burn_memory::CountingAllocator = burn_memory::CountingAllocator::system();
+static ALLOCATOR: burn_memory::CountingAllocator<mimalloc::MiMalloc> =
+    burn_memory::CountingAllocator::new(mimalloc::MiMalloc);
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum BackendKind {
@@ -97,7 +100,7 @@ enum AmpKind {
     Bf16,
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let model = MlpConfig::new()
         .with_hidden(args.hidden.clone())

@@ -10,13 +10,13 @@ use burn::config::Config;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::Dataset;
 use burn::optim::AdamConfig;
-use burn::optim::{GradientsParams, Optimizer};
+use burn::optim::Optimizer;
 use burn::record::DefaultRecorder;
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use burn::train::metric::{AccuracyMetric, CpuUse, LossMetric};
-use burn::train::{Learner, SupervisedTraining};
+use burn::train::{Learner, SupervisedTraining, TrainStep};
 use burn_memory::{
     BatchSizeSearchConfig, DeviceMemory, DeviceMemoryMetric, LossScale, MemoryBudget,
     MixedPrecision, MixedPrecisionConfig, Precision,
@@ -47,8 +47,9 @@ pub struct TrainingConfig {
     /// Use only the first N training digits (quick runs).
     #[config(default = "None")]
     pub train_limit: Option<usize>,
-    /// Data-loading threads.
-    #[config(default = 2)]
+    /// Data-loading threads. With one, batches arrive in the shuffled order, so a seed fixes
+    /// the whole run on CPU; with more, their batches interleave as the threads finish them.
+    #[config(default = 1)]
     pub workers: usize,
     /// Instead of `batch_size`, use the largest batch (a multiple of 16) whose training step
     /// peaks within this many MB (burn-memory's batch-size search, run before training).
@@ -150,25 +151,35 @@ where
     let test_set = Mnist::read(data_dir, "t10k")?;
     let resumed_from = prepare_dir(config, dir, resume)?;
 
+    let amp = config
+        .amp
+        .map(|precision| {
+            let loss_scale = match precision {
+                Precision::F16 => LossScale::dynamic(),
+                Precision::F32 | Precision::Bf16 => LossScale::Static(1.0),
+            };
+            MixedPrecisionConfig::new()
+                .with_compute(precision)
+                .with_loss_scale(loss_scale)
+                .init::<B>(device)
+        })
+        .transpose()?;
+    // Each call gives the model a loss-scale state of its own.
+    let with_amp = |model: Mlp<B>| match &amp {
+        Some(amp) => model.with_amp(amp.clone()),
+        None => model,
+    };
     B::seed(device, config.seed);
-    let mut model: Mlp<B> = config.model.init(device);
+    let model = with_amp(config.model.init(device));
     let train_data = DigitDataset::new(train_set);
-    // The search measures f32 steps: with AMP the batch it finds fits with room to spare.
     let batch_size = match config.auto_batch_mb {
-        Some(mb) => search_batch_size(&model, mb, train_data.len(), config.model.d_input, device)?,
+        Some(mb) => {
+            // On a copy, so that the search's steps leave the run's loss scale alone.
+            let copy = with_amp(model.clone());
+            search_batch_size(&copy, mb, train_data.len(), config.model.d_input, device)?
+        }
         None => config.batch_size,
     };
-    if let Some(precision) = config.amp {
-        let loss_scale = match precision {
-            Precision::F16 => LossScale::dynamic(),
-            Precision::F32 | Precision::Bf16 => LossScale::Static(1.0),
-        };
-        let amp = MixedPrecisionConfig::new()
-            .with_compute(precision)
-            .with_loss_scale(loss_scale)
-            .init::<B>(device)?;
-        model = model.with_amp(amp);
-    }
     let test_data = DigitDataset::new(test_set);
     let loader_train = DataLoaderBuilder::new(DigitBatcher)
         .batch_size(batch_size)
@@ -223,7 +234,8 @@ where
 }
 
 /// The largest batch size, a multiple of 16 up to the training set's size, whose full training
-/// step (forward, backward, Adam step) peaks within `budget_mb` MB.
+/// step peaks within `budget_mb` MB: the learner's own step (forward and backward, in the
+/// compute type under AMP), then Adam's.
 fn search_batch_size<B>(
     model: &Mlp<B>,
     budget_mb: u64,
@@ -243,11 +255,8 @@ where
         let mut optim = AdamConfig::new().init();
         let images = Tensor::random([batch, inputs], Distribution::Default, device);
         let targets = Tensor::<B, 1, Int>::zeros([batch], device);
-        let loss = model
-            .forward_classification(DigitBatch { images, targets })
-            .loss;
-        let grads = GradientsParams::from_grads(loss.backward(), model);
-        let _ = optim.step(1e-3, model.clone(), grads);
+        let output = TrainStep::step(model, DigitBatch { images, targets });
+        let _ = optim.step(1e-3, model.clone(), output.grads);
         Ok(())
     })?;
     tracing::info!("batch-size search: {result}");

@@ -20,9 +20,7 @@
 //! back to the tensor-op path.
 
 use ::ndarray::linalg::general_mat_mul;
-use ::ndarray::{
-    Array2, Array3, ArrayView1, ArrayView2, ArrayView3, Axis, Ix1, Ix2, Ix3, Slice, s,
-};
+use ::ndarray::{Array2, Array3, ArrayView1, ArrayView2, ArrayView3, Axis, Ix1, Ix2, Ix3, s};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
@@ -140,16 +138,7 @@ fn pack<F: Element>(halves: [&SharedArray<F>; 2], axis: Axis) -> Array2<F> {
         .iter()
         .flat_map(|half| Arrays::view(half).into_outer_iter())
         .collect();
-    let width = blocks[0].len_of(axis);
-    let mut shape = blocks[0].raw_dim();
-    shape[axis.index()] *= blocks.len();
-    let mut packed = Array2::zeros(shape);
-    for (i, block) in blocks.iter().enumerate() {
-        packed
-            .slice_axis_mut(axis, Slice::from(i * width..(i + 1) * width))
-            .assign(block);
-    }
-    packed
+    ::ndarray::concatenate(axis, &blocks).expect("the factors of one layer fit together")
 }
 
 /// The array behind `tensor`, if it holds `F`.

@@ -14,7 +14,7 @@ use super::Dtype;
 use super::grid::Point;
 use super::memory::peak_increase;
 use super::roofline::{DeviceSpec, Roofline};
-use super::timing::{Timing, time};
+use super::timing::{Timing, op, time_together};
 
 /// Everything measured at one point.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -127,26 +127,32 @@ pub fn measure<B: SketchBackend + DeviceMemory>(
     let dense = dense_config.init::<B>(device);
     let x = Tensor::<B, 2>::random([point.batch, point.d_input], Distribution::Default, device);
 
-    let sketch_forward = time(warmup, runs, || sketch.forward(x.clone()), sync);
     let bias = sketch.bias.as_ref().map(|b| b.val());
-    let tensor_ops_forward = time(
-        warmup,
-        runs,
-        || tensor_ops::sketched_linear(x.clone(), sketch.weights(), bias.clone()),
-        sync,
-    );
-    let dense_forward = time(warmup, runs, || dense.forward(x.clone()), sync);
-
     // Forward and backward of `forward` on a fresh leaf input, all gradients computed.
-    let x_ad = Tensor::<Autodiff<B>, 2>::from_inner(x);
-    let train = |forward: &dyn Fn(Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2>| {
-        let step = || forward(x_ad.clone().require_grad()).sum().backward();
-        time(warmup, runs, step, sync)
-    };
+    let x_ad = Tensor::<Autodiff<B>, 2>::from_inner(x.clone());
     let sketch_ad = config.init::<Autodiff<B>>(device);
     let dense_ad = dense_config.init::<Autodiff<B>>(device);
-    let sketch_train = train(&|x| sketch_ad.forward(x));
-    let dense_train = train(&|x| dense_ad.forward(x));
+    let train = |forward: &dyn Fn(Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2>| {
+        forward(x_ad.clone().require_grad()).sum().backward()
+    };
+    let [
+        sketch_forward,
+        tensor_ops_forward,
+        dense_forward,
+        sketch_train,
+        dense_train,
+    ] = time_together(
+        warmup,
+        runs,
+        [
+            op(|| sketch.forward(x.clone())),
+            op(|| tensor_ops::sketched_linear(x.clone(), sketch.weights(), bias.clone())),
+            op(|| dense.forward(x.clone())),
+            op(|| train(&|x| sketch_ad.forward(x))),
+            op(|| train(&|x| dense_ad.forward(x))),
+        ],
+        sync,
+    );
 
     let step = |forward: &dyn Fn(Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2>| {
         peak_increase::<B>(device, || {

@@ -1,5 +1,6 @@
 //! Wall-clock timing with warm-up and device synchronisation.
 
+use std::any::Any;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -31,51 +32,81 @@ const MIN_SAMPLE_MS: f64 = 2.0;
 /// The most calls one sample queues (each holds its output until the sync).
 const MAX_CALLS_PER_SAMPLE: usize = 32;
 
-/// Times `op`: `warmup` untimed calls, then `runs` samples, each of which queues `op` some
-/// number of times back to back, waits for the device with `sync`, and counts the elapsed
-/// time divided by that number. GPU backends return before the work is done, so a clock read
-/// without the sync would time only the launches.
+/// One operation to time. Its output is boxed so that operations with different outputs can
+/// be timed together, and kept until the sync that ends its sample.
+pub type Op<'a> = Box<dyn FnMut() -> Box<dyn Any> + 'a>;
+
+/// `f` as an [`Op`].
+pub fn op<'a, T: 'static>(mut f: impl FnMut() -> T + 'a) -> Op<'a> {
+    Box::new(move || Box::new(f()) as Box<dyn Any>)
+}
+
+/// Times each of `ops`: `warmup` untimed calls each, then `runs` rounds in which every op in
+/// turn takes one sample. A sample queues the op some number of times back to back, waits for
+/// the device with `sync`, and counts the elapsed time divided by that number. GPU backends
+/// return before the work is done, so a clock read without the sync would time only the
+/// launches.
+///
+/// Why rounds rather than one op's samples after another's: the speedups in the table are
+/// ratios of these timings, and a shared machine's speed drifts over seconds. Timed one after
+/// the other, a 10 ms sketched forward's samples all fall in a quarter of a second, and a
+/// neighbour's burst there moved the 4096² speedup between 11.6× and 14.8× from one run to the
+/// next on our 2-core CPU. In rounds, every op's samples spread over the whole measurement.
+/// Each sample follows an untimed call of the same op, so that the caches hold what that op
+/// uses, as when it runs back to back, rather than what the op before it left there.
 ///
 /// The calls per sample are 1 on a CPU (where each call takes milliseconds) and more on a
 /// GPU, for operations so short that a sync per call would time the sync: a model queues its
 /// layers back to back and syncs rarely, and this measures that throughput. The number is
-/// chosen once from a synced call and recorded with the timing.
+/// chosen once per op from a synced call and recorded with its timing.
 ///
-/// `op`'s results are dropped only after the sync. On lazy backends (Burn's fusion wrapper,
-/// which `Wgpu` and `Cuda` are by default) an operation whose output is dropped unread may
-/// never run at all: measured on an H100, dropping dense `Linear`'s output before the sync
-/// "timed" a 34 GFLOP forward at 0.05 ms, faster than the device's peak allows.
-pub fn time<T>(warmup: usize, runs: usize, mut op: impl FnMut() -> T, sync: impl Fn()) -> Timing {
-    for _ in 0..warmup {
+/// Outputs are dropped only after the sync. On lazy backends (Burn's fusion wrapper, which
+/// `Wgpu` and `Cuda` are by default) an operation whose output is dropped unread may never
+/// run at all: measured on an H100, dropping dense `Linear`'s output before the sync "timed"
+/// a 34 GFLOP forward at 0.05 ms, faster than the device's peak allows.
+pub fn time_together<const N: usize>(
+    warmup: usize,
+    runs: usize,
+    mut ops: [Op<'_>; N],
+    sync: impl Fn(),
+) -> [Timing; N] {
+    let untimed = |op: &mut Op<'_>| {
         let output = op();
         sync();
         drop(output);
-    }
-    sync();
-    let start = Instant::now();
-    let output = op();
-    sync();
-    let once_ms = start.elapsed().as_secs_f64() * 1e3;
-    drop(output);
-    let calls = ((MIN_SAMPLE_MS / once_ms).ceil() as usize).clamp(1, MAX_CALLS_PER_SAMPLE);
+    };
+    let calls = ops.each_mut().map(|op| {
+        for _ in 0..warmup {
+            untimed(op);
+        }
+        sync();
+        let start = Instant::now();
+        untimed(op);
+        let once_ms = start.elapsed().as_secs_f64() * 1e3;
+        ((MIN_SAMPLE_MS / once_ms).ceil() as usize).clamp(1, MAX_CALLS_PER_SAMPLE)
+    });
 
-    let mut samples: Vec<f64> = (0..runs.max(1))
-        .map(|_| {
+    let mut samples: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(runs));
+    for _ in 0..runs.max(1) {
+        for ((op, &calls), samples) in ops.iter_mut().zip(&calls).zip(&mut samples) {
+            untimed(op);
             let start = Instant::now();
-            let outputs: Vec<T> = (0..calls).map(|_| op()).collect();
+            let outputs: Vec<Box<dyn Any>> = (0..calls).map(|_| op()).collect();
             sync();
-            let elapsed = start.elapsed().as_secs_f64() * 1e3 / calls as f64;
+            samples.push(start.elapsed().as_secs_f64() * 1e3 / calls as f64);
             drop(outputs);
-            elapsed
-        })
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
-    Timing {
-        median_ms: at(0.5),
-        p25_ms: at(0.25),
-        p75_ms: at(0.75),
-        runs: samples.len(),
-        calls_per_sample: calls,
+        }
     }
+    let mut summaries = samples.into_iter().zip(calls).map(|(mut samples, calls)| {
+        samples.sort_by(f64::total_cmp);
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        Timing {
+            median_ms: at(0.5),
+            p25_ms: at(0.25),
+            p75_ms: at(0.75),
+            runs: samples.len(),
+            calls_per_sample: calls,
+        }
+    });
+    std::array::from_fn(|_| summaries.next().expect("one summary per op"))
 }
