@@ -110,3 +110,66 @@ pub fn time_together<const N: usize>(
     });
     std::array::from_fn(|_| summaries.next().expect("one summary per op"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// An output that counts how many of its kind are alive.
+    struct Output(Rc<RefCell<usize>>);
+
+    impl Drop for Output {
+        fn drop(&mut self) {
+            *self.0.borrow_mut() -= 1;
+        }
+    }
+
+    #[test]
+    fn ops_take_turns_and_their_outputs_outlive_the_sync() {
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let alive = Rc::new(RefCell::new(0));
+        let alive_at_sync = RefCell::new(Vec::new());
+        let timed = |id: usize, sleep: Duration| {
+            let (log, alive) = (log.clone(), alive.clone());
+            op(move || {
+                log.borrow_mut().push(id);
+                std::thread::sleep(sleep);
+                *alive.borrow_mut() += 1;
+                Output(alive.clone())
+            })
+        };
+        let [fast, slow] = time_together(
+            1,
+            3,
+            [timed(0, Duration::ZERO), timed(1, Duration::from_millis(3))],
+            || alive_at_sync.borrow_mut().push(*alive.borrow()),
+        );
+
+        // A call far below 2 ms is queued the most times per sample; one of 3 ms once.
+        assert_eq!(fast.calls_per_sample, MAX_CALLS_PER_SAMPLE);
+        assert_eq!(slow.calls_per_sample, 1);
+        assert_eq!((fast.runs, slow.runs), (3, 3));
+        assert!(
+            slow.p25_ms >= 3.0 && slow.median_ms <= slow.p75_ms,
+            "{slow:?}"
+        );
+        assert!(fast.median_ms < 3.0, "{fast:?}");
+
+        // Warm-up and calibration of each op, then rounds: each op's untimed call and its
+        // sample, in turn.
+        let mut expected = vec![0, 0, 1, 1];
+        for _ in 0..3 {
+            expected.extend(std::iter::repeat_n(0, 1 + MAX_CALLS_PER_SAMPLE));
+            expected.extend([1, 1]);
+        }
+        assert_eq!(*log.borrow(), expected);
+
+        // A sample's outputs are all alive at its sync, and none after.
+        assert!(alive_at_sync.borrow().contains(&MAX_CALLS_PER_SAMPLE));
+        assert_eq!(*alive.borrow(), 0);
+    }
+}
