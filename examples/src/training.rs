@@ -48,7 +48,8 @@ pub struct TrainingConfig {
     #[config(default = "None")]
     pub train_limit: Option<usize>,
     /// Data-loading threads. With one, batches arrive in the shuffled order, so a seed fixes
-    /// the whole run on CPU; with more, their batches interleave as the threads finish them.
+    /// the run (on NdArray up to the order of its threads' partial sums, about 1e-7 of the
+    /// loss); with more, their batches interleave as the threads finish them.
     #[config(default = 1)]
     pub workers: usize,
     /// Instead of `batch_size`, use the largest batch (a multiple of 16) whose training step

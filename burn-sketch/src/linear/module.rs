@@ -185,8 +185,9 @@ impl<B: SketchBackend> SkLinear<B> {
 /// input and its output).
 ///
 /// Why not always `reshape`: burn-ndarray 0.21 copies the whole array on every reshape, even to
-/// the shape it has. For a `[256, 4096]` input that is two 4 MB copies per forward (and two
-/// more in the backward), a tenth of the sketched forward's time.
+/// the shape it has. For a `[256, 8192]` input that is two 8 MB copies per forward (and two
+/// more in the backward); dropping them took the 8192², `T = 1`, `k = 16` forward from 14.1 to
+/// 8.8 ms.
 fn with_shape<B: Backend, const D: usize, const D2: usize>(
     tensor: Tensor<B, D>,
     shape: [usize; D2],
