@@ -14,7 +14,7 @@ use super::Dtype;
 use super::grid::Point;
 use super::memory::peak_increase;
 use super::roofline::{DeviceSpec, Roofline};
-use super::timing::{Timing, op, time_together};
+use super::timing::{Op, Timing, op, time_together};
 
 /// Everything measured at one point.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -154,26 +154,19 @@ pub fn measure<B: SketchBackend + DeviceMemory>(
         sync,
     );
 
-    let step = |forward: &dyn Fn(Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2>| {
+    // Each op once more, its output kept until the sync, as in its timed samples.
+    let peak = |mut op: Op<'_>| {
         peak_increase::<B>(device, || {
-            let grads = forward(x_ad.clone().require_grad()).sum().backward();
+            let output = op();
             sync();
-            drop(grads);
+            drop(output);
         })
     };
     let memory = PeakMemory {
-        sketch_forward: peak_increase::<B>(device, || {
-            let y = sketch.forward(x_ad.clone().inner());
-            sync();
-            drop(y);
-        }),
-        dense_forward: peak_increase::<B>(device, || {
-            let y = dense.forward(x_ad.clone().inner());
-            sync();
-            drop(y);
-        }),
-        sketch_train: step(&|x| sketch_ad.forward(x)),
-        dense_train: step(&|x| dense_ad.forward(x)),
+        sketch_forward: peak(op(|| sketch.forward(x.clone()))),
+        dense_forward: peak(op(|| dense.forward(x.clone()))),
+        sketch_train: peak(op(|| train(&|x| sketch_ad.forward(x)))),
+        dense_train: peak(op(|| train(&|x| dense_ad.forward(x)))),
     };
 
     let counts = sketch.param_counts();

@@ -97,7 +97,8 @@ pub fn time_together<const N: usize>(
             drop(outputs);
         }
     }
-    let mut summaries = samples.into_iter().zip(calls).map(|(mut samples, calls)| {
+    std::array::from_fn(|i| {
+        let samples = &mut samples[i];
         samples.sort_by(f64::total_cmp);
         let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
         Timing {
@@ -105,10 +106,9 @@ pub fn time_together<const N: usize>(
             p25_ms: at(0.25),
             p75_ms: at(0.75),
             runs: samples.len(),
-            calls_per_sample: calls,
+            calls_per_sample: calls[i],
         }
-    });
-    std::array::from_fn(|_| summaries.next().expect("one summary per op"))
+    })
 }
 
 #[cfg(test)]
