@@ -21,7 +21,8 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use crate::gemm::TILE;
-use crate::layout::{INPUT_FACTOR, OUTPUT_FACTOR, offset};
+use crate::layout::{Layout, offset};
+use crate::{KernelError, SketchWeights};
 
 /// The widest rank `2Tk` the fused kernel takes: `16 × 256` `f32` of `P` (16 KiB) plus two
 /// 1 KiB staging tiles stays within the 32 KiB of shared memory every CUDA GPU and common
@@ -38,14 +39,15 @@ fn load_a<F: Float>(
     j: usize,
     d_in: usize,
     half: usize,
-    rank: usize,
+    low_rank: usize,
 ) -> f32 {
+    let layout = comptime!(Layout::InputFactor);
     let mut value = 0.0f32;
     if i < d_in {
         if j < half {
-            value = f32::cast_from(s1s[offset::<F>(s1s, i, j, rank, INPUT_FACTOR)]);
+            value = f32::cast_from(s1s[offset::<F>(s1s, i, j, low_rank, layout)]);
         } else if j < 2 * half {
-            value = f32::cast_from(u2s[offset::<F>(u2s, i, j - half, rank, INPUT_FACTOR)]);
+            value = f32::cast_from(u2s[offset::<F>(u2s, i, j - half, low_rank, layout)]);
         }
     }
     value
@@ -61,14 +63,15 @@ fn load_b<F: Float>(
     o: usize,
     d_out: usize,
     half: usize,
-    rank: usize,
+    low_rank: usize,
 ) -> f32 {
+    let layout = comptime!(Layout::OutputFactor);
     let mut value = 0.0f32;
     if o < d_out {
         if j < half {
-            value = f32::cast_from(u1s[offset::<F>(u1s, j, o, rank, OUTPUT_FACTOR)]);
+            value = f32::cast_from(u1s[offset::<F>(u1s, j, o, low_rank, layout)]);
         } else if j < 2 * half {
-            value = f32::cast_from(s2s[offset::<F>(s2s, j - half, o, rank, OUTPUT_FACTOR)]);
+            value = f32::cast_from(s2s[offset::<F>(s2s, j - half, o, low_rank, layout)]);
         }
     }
     value
@@ -88,7 +91,7 @@ pub fn fused_forward_kernel<F: Float>(
     rows: u32,
     d_in: u32,
     d_out: u32,
-    rank: u32,
+    low_rank: u32,
     alpha: f32,
     tiles_per_group: u32,
     #[comptime] padded_rank: u32,
@@ -101,9 +104,9 @@ pub fn fused_forward_kernel<F: Float>(
     let rows = rows as usize;
     let d_in = d_in as usize;
     let d_out = d_out as usize;
-    let rank = rank as usize;
+    let low_rank = low_rank as usize;
     // `Tk`: where `U2` starts in `A` and `S2` in `B`.
-    let half = rank * (u32::cast_from(s1s.shape(0)) as usize);
+    let half = low_rank * (u32::cast_from(s1s.shape(0)) as usize);
     let tx = UNIT_POS_X as usize;
     let ty = UNIT_POS_Y as usize;
     let row = CUBE_POS_Y as usize * tile + ty;
@@ -128,7 +131,7 @@ pub fn fused_forward_kernel<F: Float>(
         #[unroll]
         for jt in 0..rank_tiles {
             w_tile[ty * tile + tx] =
-                load_a::<F>(s1s, u2s, base + ty, jt * tile + tx, d_in, half, rank);
+                load_a::<F>(s1s, u2s, base + ty, jt * tile + tx, d_in, half, low_rank);
             sync_cube();
             let mut sum = p[ty * width + jt * tile + tx];
             #[unroll]
@@ -151,7 +154,7 @@ pub fn fused_forward_kernel<F: Float>(
         let mut acc = 0.0f32;
         #[unroll]
         for jt in 0..rank_tiles {
-            w_tile[ty * tile + tx] = load_b::<F>(u1s, s2s, jt * tile + ty, col, d_out, half, rank);
+            w_tile[ty * tile + tx] = load_b::<F>(u1s, s2s, jt * tile + ty, col, d_out, half, low_rank);
             sync_cube();
             #[unroll]
             for kk in 0..tile {
@@ -171,33 +174,31 @@ pub fn fused_forward_kernel<F: Float>(
 
 /// Launches [`fused_forward_kernel`] over `x` (`[n, d_in]`), writing `out` (`[n, d_out]`,
 /// allocated by the caller). `column_groups` splits `d_out` across that many cubes per row
-/// tile; `rank` is `k` and the factors are `[T, d_in, k]` / `[T, k, d_out]`.
-#[allow(clippy::too_many_arguments)]
+/// tile. Shapes and element types are the caller's to check ([`crate::forward_with`] does);
+/// this checks only what is particular to the kernel, its rank limit.
 pub fn fused_forward<R: CubeRuntime>(
     x: &CubeTensor<R>,
-    s1s: &CubeTensor<R>,
-    u2s: &CubeTensor<R>,
-    u1s: &CubeTensor<R>,
-    s2s: &CubeTensor<R>,
+    weights: &SketchWeights<R>,
     bias: Option<&CubeTensor<R>>,
     out: &CubeTensor<R>,
-    alpha: f32,
     column_groups: usize,
-) {
+) -> Result<(), KernelError> {
     let [rows, d_in] = x.meta.shape().dims::<2>();
-    let [terms, _, rank] = s1s.meta.shape().dims::<3>();
-    let d_out = s2s.meta.shape().dims::<3>()[2];
+    let [terms, _, low_rank] = weights.s1s.meta.shape().dims::<3>();
+    let d_out = weights.s2s.meta.shape().dims::<3>()[2];
     let tile = TILE as usize;
-    let padded_rank = (2 * terms * rank).div_ceil(tile) * tile;
-    assert!(
-        padded_rank <= MAX_FUSED_RANK,
-        "fused_forward: rank 2Tk = {} exceeds MAX_FUSED_RANK = {MAX_FUSED_RANK}",
-        2 * terms * rank
-    );
+    let padded_rank = (2 * terms * low_rank).div_ceil(tile) * tile;
+    if padded_rank > MAX_FUSED_RANK {
+        return Err(KernelError::FusedRankTooWide {
+            rank: 2 * terms * low_rank,
+            max: MAX_FUSED_RANK,
+        });
+    }
+    let alpha = 1.0 / (2.0 * terms as f32);
     let column_tiles = d_out.div_ceil(tile);
-    let groups = column_groups.clamp(1, column_tiles);
+    let groups = column_groups.clamp(1, column_tiles.max(1));
     let tiles_per_group = column_tiles.div_ceil(groups);
-    let groups = column_tiles.div_ceil(tiles_per_group);
+    let groups = column_tiles.div_ceil(tiles_per_group.max(1));
 
     let cube_count = CubeCount::Static(groups as u32, rows.div_ceil(tile) as u32, 1);
     let cube_dim = CubeDim {
@@ -212,20 +213,21 @@ pub fn fused_forward<R: CubeRuntime>(
         cube_count,
         cube_dim,
         x.clone().into_tensor_arg(),
-        s1s.clone().into_tensor_arg(),
-        u2s.clone().into_tensor_arg(),
-        u1s.clone().into_tensor_arg(),
-        s2s.clone().into_tensor_arg(),
+        weights.s1s.clone().into_tensor_arg(),
+        weights.u2s.clone().into_tensor_arg(),
+        weights.u1s.clone().into_tensor_arg(),
+        weights.s2s.clone().into_tensor_arg(),
         bias_arg.clone().into_tensor_arg(),
         out.clone().into_tensor_arg(),
         rows as u32,
         d_in as u32,
         d_out as u32,
-        rank as u32,
+        low_rank as u32,
         alpha,
         tiles_per_group as u32,
         padded_rank as u32,
         bias.is_some(),
         out.dtype.into(),
     );
+    Ok(())
 }

@@ -25,25 +25,30 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use crate::layout::offset;
+use crate::layout::{Layout, offset};
 
 /// The side of an output tile, and of the cube (`TILE × TILE` units).
 pub const TILE: u32 = 16;
 
-/// The right operand is one tensor.
-pub const NO_CONCAT: u32 = 0;
-/// The right operand is two tensors side by side: columns from `concat_at` on come from the
-/// second (`[S1 | U2]`, the input-side factors of both halves).
-pub const CONCAT_COLS: u32 = 1;
-/// The right operand is two tensors one above the other: depth rows from `concat_at` on come
-/// from the second (`[U1; S2]`, the output-side factors of both halves).
-pub const CONCAT_DEPTH: u32 = 2;
+/// How the right operand of a product is made of tensors. A compile-time argument of
+/// [`gemm_kernel`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Concat {
+    /// One tensor.
+    None,
+    /// Two tensors side by side: columns from `concat_at` on come from the second
+    /// (`[S1 | U2]`, the input-side factors of both halves).
+    Cols,
+    /// Two tensors one above the other: depth rows from `concat_at` on come from the second
+    /// (`[U1; S2]`, the output-side factors of both halves).
+    Depth,
+}
 
 /// Returns `acc` plus this unit's output element of `lhs·rhs`, walking the shared depth in
 /// tiles. Every unit of the cube must call it (it synchronises the cube).
 ///
 /// With `concat` set, the right operand is `rhs` and `rhs_tail` joined at `concat_at`, side
-/// by side ([`CONCAT_COLS`]) or one above the other ([`CONCAT_DEPTH`]).
+/// by side ([`Concat::Cols`]) or one above the other ([`Concat::Depth`]).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn accumulate_product<F: Float>(
@@ -57,12 +62,12 @@ fn accumulate_product<F: Float>(
     rows: usize,
     cols: usize,
     depth: usize,
-    rank: usize,
+    low_rank: usize,
     first_chunk: usize,
     end_chunk: usize,
-    #[comptime] lhs_layout: u32,
-    #[comptime] rhs_layout: u32,
-    #[comptime] concat: u32,
+    #[comptime] lhs_layout: Layout,
+    #[comptime] rhs_layout: Layout,
+    #[comptime] concat: Concat,
 ) -> f32 {
     let tile = comptime!(TILE as usize);
     let tx = UNIT_POS_X as usize;
@@ -75,30 +80,36 @@ fn accumulate_product<F: Float>(
         let base = chunk * tile;
         let mut l = 0.0f32;
         if row < rows && base + tx < depth {
-            l = f32::cast_from(lhs[offset::<F>(lhs, row, base + tx, rank, lhs_layout)]);
+            l = f32::cast_from(lhs[offset::<F>(lhs, row, base + tx, low_rank, lhs_layout)]);
         }
         lhs_tile[ty * tile + tx] = l;
         let mut r = 0.0f32;
         let d = base + ty;
         if d < depth && col < cols {
-            if comptime!(concat == CONCAT_COLS) {
-                if col < concat_at {
-                    r = f32::cast_from(rhs[offset::<F>(rhs, d, col, rank, rhs_layout)]);
-                } else {
-                    r = f32::cast_from(
-                        rhs_tail[offset::<F>(rhs_tail, d, col - concat_at, rank, rhs_layout)],
-                    );
+            match concat {
+                Concat::None => {
+                    r = f32::cast_from(rhs[offset::<F>(rhs, d, col, low_rank, rhs_layout)]);
                 }
-            } else if comptime!(concat == CONCAT_DEPTH) {
-                if d < concat_at {
-                    r = f32::cast_from(rhs[offset::<F>(rhs, d, col, rank, rhs_layout)]);
-                } else {
-                    r = f32::cast_from(
-                        rhs_tail[offset::<F>(rhs_tail, d - concat_at, col, rank, rhs_layout)],
-                    );
+                Concat::Cols => {
+                    if col < concat_at {
+                        r = f32::cast_from(rhs[offset::<F>(rhs, d, col, low_rank, rhs_layout)]);
+                    } else {
+                        let c = col - concat_at;
+                        r = f32::cast_from(
+                            rhs_tail[offset::<F>(rhs_tail, d, c, low_rank, rhs_layout)],
+                        );
+                    }
                 }
-            } else {
-                r = f32::cast_from(rhs[offset::<F>(rhs, d, col, rank, rhs_layout)]);
+                Concat::Depth => {
+                    if d < concat_at {
+                        r = f32::cast_from(rhs[offset::<F>(rhs, d, col, low_rank, rhs_layout)]);
+                    } else {
+                        let e = d - concat_at;
+                        r = f32::cast_from(
+                            rhs_tail[offset::<F>(rhs_tail, e, col, low_rank, rhs_layout)],
+                        );
+                    }
+                }
             }
         }
         rhs_tile[ty * tile + tx] = r;
@@ -148,14 +159,14 @@ pub fn gemm_kernel<F: Float, O: Float>(
     rows: u32,
     cols: u32,
     depth: u32,
-    rank: u32,
+    low_rank: u32,
     alpha: f32,
     chunks_per_split: u32,
     concat_at: u32,
-    #[comptime] lhs_layout: u32,
-    #[comptime] rhs_layout: u32,
-    #[comptime] out_layout: u32,
-    #[comptime] concat: u32,
+    #[comptime] lhs_layout: Layout,
+    #[comptime] rhs_layout: Layout,
+    #[comptime] out_layout: Layout,
+    #[comptime] concat: Concat,
     #[comptime] two_products: bool,
     #[comptime] has_bias: bool,
     #[comptime] split: bool,
@@ -165,7 +176,7 @@ pub fn gemm_kernel<F: Float, O: Float>(
     let rows = rows as usize;
     let cols = cols as usize;
     let depth = depth as usize;
-    let rank = rank as usize;
+    let low_rank = low_rank as usize;
     let mut lhs_tile = SharedMemory::<f32>::new(tile * tile);
     let mut rhs_tile = SharedMemory::<f32>::new(tile * tile);
 
@@ -186,7 +197,7 @@ pub fn gemm_kernel<F: Float, O: Float>(
         rows,
         cols,
         depth,
-        rank,
+        low_rank,
         first_chunk,
         end_chunk,
         lhs_layout,
@@ -194,6 +205,7 @@ pub fn gemm_kernel<F: Float, O: Float>(
         concat,
     );
     if comptime!(two_products) {
+        let single = comptime!(Concat::None);
         acc = accumulate_product::<F>(
             lhs1,
             rhs1,
@@ -205,12 +217,12 @@ pub fn gemm_kernel<F: Float, O: Float>(
             rows,
             cols,
             depth,
-            rank,
+            low_rank,
             first_chunk,
             end_chunk,
             lhs_layout,
             rhs_layout,
-            NO_CONCAT,
+            single,
         );
     }
 
@@ -221,7 +233,7 @@ pub fn gemm_kernel<F: Float, O: Float>(
             out[(CUBE_POS_Z as usize * rows + row) * cols + col] = O::cast_from(acc);
         } else {
             let value = scale_and_bias::<F>(acc, alpha, bias, col, has_bias);
-            out[offset::<O>(out, row, col, rank, out_layout)] = O::cast_from(value);
+            out[offset::<O>(out, row, col, low_rank, out_layout)] = O::cast_from(value);
         }
     }
 }
@@ -238,9 +250,9 @@ pub fn reduce_splits_kernel<F: Float>(
     rows: u32,
     cols: u32,
     splits: u32,
-    rank: u32,
+    low_rank: u32,
     alpha: f32,
-    #[comptime] out_layout: u32,
+    #[comptime] out_layout: Layout,
     #[comptime] has_bias: bool,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -255,7 +267,7 @@ pub fn reduce_splits_kernel<F: Float>(
             sum += partials[s * rows * cols + index];
         }
         let value = scale_and_bias::<F>(sum, alpha, bias, col, has_bias);
-        out[offset::<F>(out, row, col, rank as usize, out_layout)] = F::cast_from(value);
+        out[offset::<F>(out, row, col, low_rank as usize, out_layout)] = F::cast_from(value);
     }
 }
 
@@ -289,7 +301,8 @@ pub fn split_count<R: CubeRuntime>(
     target.div_ceil(tiles).min(depth / MIN_SPLIT_DEPTH).max(1)
 }
 
-/// The shape and layouts of one [`gemm`] launch.
+/// The shape and layouts of one [`gemm`] launch; build it with [`GemmProblem::new`] and the
+/// `with_*` methods.
 #[derive(Debug, Clone, Copy)]
 pub struct GemmProblem {
     /// Rows of the logical output (and of each left operand).
@@ -299,18 +312,58 @@ pub struct GemmProblem {
     /// The shared (summed) dimension.
     pub depth: usize,
     /// The sketch size `k` that the factor layouts split rank indices by.
-    pub rank: usize,
+    pub low_rank: usize,
     /// Scale applied to the sum of products, before the bias.
     pub alpha: f32,
-    /// [Layout](crate::layout) of the left operands.
-    pub lhs_layout: u32,
-    /// [Layout](crate::layout) of the right operands.
-    pub rhs_layout: u32,
-    /// [Layout](crate::layout) the output is written in.
-    pub out_layout: u32,
+    /// Layout of the left operands.
+    pub lhs_layout: Layout,
+    /// Layout of the right operands.
+    pub rhs_layout: Layout,
+    /// Layout the output is written in.
+    pub out_layout: Layout,
     /// Slices the depth is cut into (see the module documentation): `None` lets
     /// [`split_count`] choose for the device, `Some(1)` is no split.
     pub splits: Option<usize>,
+}
+
+impl GemmProblem {
+    /// An unscaled `rows × cols` product over `depth`, every operand row-major, the split
+    /// chosen for the device.
+    pub fn new(rows: usize, cols: usize, depth: usize) -> Self {
+        Self {
+            rows,
+            cols,
+            depth,
+            low_rank: 1,
+            alpha: 1.0,
+            lhs_layout: Layout::RowMajor,
+            rhs_layout: Layout::RowMajor,
+            out_layout: Layout::RowMajor,
+            splits: None,
+        }
+    }
+
+    /// Reads and writes through `(lhs, rhs, out)` layouts, whose factor layouts split rank
+    /// indices by `low_rank`.
+    pub fn with_layouts(mut self, (lhs, rhs, out): (Layout, Layout, Layout), low_rank: usize) -> Self {
+        self.lhs_layout = lhs;
+        self.rhs_layout = rhs;
+        self.out_layout = out;
+        self.low_rank = low_rank;
+        self
+    }
+
+    /// Scales the sum of products by `alpha`.
+    pub fn with_alpha(mut self, alpha: f32) -> Self {
+        self.alpha = alpha;
+        self
+    }
+
+    /// Cuts the depth into `splits` slices (`1`: no split) instead of the device's choice.
+    pub fn with_splits(mut self, splits: usize) -> Self {
+        self.splits = Some(splits);
+        self
+    }
 }
 
 /// Launches [`gemm_kernel`] (and, when `problem.splits > 1`, [`reduce_splits_kernel`]):
@@ -333,29 +386,26 @@ pub fn gemm<R: CubeRuntime>(
         problem,
         [first.0, first.1, lhs1, rhs1],
         second.is_some(),
-        (NO_CONCAT, 0),
+        (Concat::None, 0),
         bias,
         out,
     );
 }
 
 /// Like [`gemm`] with one product whose right operand is two tensors joined at `at`:
-/// `concat` is [`CONCAT_COLS`] (`[head | tail]`, `at` columns of `head`) or [`CONCAT_DEPTH`]
-/// (`[head; tail]`, `at` depth rows of `head`). Both are read in `problem.rhs_layout`, in
-/// place: this is how `x·[S1 | U2]` and `P·[U1; S2]` run as one launch each without copying
-/// the factors into a packed matrix.
+/// `concat` is [`Concat::Cols`] (`[head | tail]`, `at` columns of `head`) or
+/// [`Concat::Depth`] (`[head; tail]`, `at` depth rows of `head`). Both are read in
+/// `problem.rhs_layout`, in place: this is how `x·[S1 | U2]` and `P·[U1; S2]` run as one
+/// launch each without copying the factors into a packed matrix. [`Concat::None`] reads
+/// `head` alone, as [`gemm`] does.
 pub fn gemm_concat<R: CubeRuntime>(
     problem: &GemmProblem,
     lhs: &CubeTensor<R>,
     (head, tail): (&CubeTensor<R>, &CubeTensor<R>),
-    (concat, at): (u32, usize),
+    (concat, at): (Concat, usize),
     bias: Option<&CubeTensor<R>>,
     out: &CubeTensor<R>,
 ) {
-    assert!(
-        concat == CONCAT_COLS || concat == CONCAT_DEPTH,
-        "gemm_concat: unknown concatenation {concat}"
-    );
     launch(
         problem,
         [lhs, head, lhs, tail],
@@ -370,7 +420,7 @@ fn launch<R: CubeRuntime>(
     problem: &GemmProblem,
     [lhs0, rhs0, lhs1, rhs1]: [&CubeTensor<R>; 4],
     two_products: bool,
-    (concat, concat_at): (u32, usize),
+    (concat, concat_at): (Concat, usize),
     bias: Option<&CubeTensor<R>>,
     out: &CubeTensor<R>,
 ) {
@@ -413,7 +463,7 @@ fn launch<R: CubeRuntime>(
         problem.rows as u32,
         problem.cols as u32,
         problem.depth as u32,
-        problem.rank as u32,
+        problem.low_rank as u32,
         problem.alpha,
         chunks_per_split as u32,
         concat_at as u32,
@@ -440,7 +490,7 @@ fn launch<R: CubeRuntime>(
             problem.rows as u32,
             problem.cols as u32,
             splits as u32,
-            problem.rank as u32,
+            problem.low_rank as u32,
             problem.alpha,
             problem.out_layout,
             bias.is_some(),

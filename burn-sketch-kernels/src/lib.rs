@@ -16,13 +16,15 @@
 
 // No `missing_docs` lint: `#[cube]` generates undocumented companion items for every kernel.
 
+mod error;
 pub mod fused;
 pub mod gemm;
 pub mod layout;
 pub mod reference;
 pub mod sketch;
 
+pub use error::KernelError;
 pub use sketch::{
-    ForwardPath, GradientsWanted, SketchFactors, SketchGradients, backward, choose_forward_path,
+    ForwardPath, SketchGradients, SketchWeights, WantedGradients, backward, choose_forward_path,
     forward, forward_with,
 };

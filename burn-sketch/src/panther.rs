@@ -170,6 +170,7 @@ fn from_state_dict<B: Backend>(
             ))),
             None => None,
         },
+        strategy: crate::backend::KernelStrategy::default(),
     })
 }
 

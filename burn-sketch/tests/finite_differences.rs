@@ -1,6 +1,6 @@
 //! Autodiff's gradients of `SkLinear` against central finite differences, in f64.
 //!
-//! A binary of its own: Burn 0.21 keeps one default float type per device, so `NdArray<f64>`
+//! In a process of its own: Burn 0.21 keeps one default float type per device, so `NdArray<f64>`
 //! used in a process that already ran `NdArray<f32>` on the same device computes in f32.
 
 use burn::backend::ndarray::NdArrayDevice;
@@ -16,6 +16,13 @@ const DEVICE: NdArrayDevice = NdArrayDevice::Cpu;
 /// every trained tensor and the input.
 #[test]
 fn gradients_match_finite_differences() {
+    crate::own_process::in_own_process(
+        "finite_differences::gradients_match_finite_differences",
+        check_against_finite_differences,
+    );
+}
+
+fn check_against_finite_differences() {
     type F = Autodiff<NdArray<f64>>;
     F::seed(&DEVICE, 99);
     let (n, d_in, d_out, t, k) = (3, 5, 4, 2, 2);

@@ -1,7 +1,7 @@
 //! `SkLinear` on the NdArray backend: the backend-generic checks, plus the numerical and
 //! interoperability checks that need only one backend.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
@@ -10,6 +10,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::nn::{LinearConfig, LinearLayout};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
+use burn_sketch::backend::KernelStrategy;
 use burn_sketch::panther::{load_sklinear, save_sklinear};
 use burn_sketch::{ParamCounts, SkLinear, SkLinearConfig, SketchError};
 use safetensors::Dtype;
@@ -18,23 +19,25 @@ use safetensors::tensor::TensorView;
 type B = NdArray;
 type AB = Autodiff<NdArray>;
 const DEVICE: NdArrayDevice = NdArrayDevice::Cpu;
+/// NdArray has one implementation of the product; it takes the default strategy and ignores it.
+const STRATEGY: KernelStrategy = KernelStrategy::Autotune;
 
 #[test]
 fn forward_matches_references() {
-    common::forward_matches_references::<B>(&DEVICE);
+    common::forward_matches_references::<B>(&DEVICE, STRATEGY);
 }
 
 #[test]
 fn gradients_match_closed_form() {
-    common::gradients_match_closed_form::<AB>(&DEVICE);
+    common::gradients_match_closed_form::<AB>(&DEVICE, STRATEGY);
 }
 
 /// NdArray's own path (direct matrix products on its arrays) against the tensor-op path, in
 /// both float widths NdArray stores.
 #[test]
 fn backend_path_matches_tensor_ops() {
-    common::backend_path_matches_tensor_ops::<B>(&DEVICE);
-    common::backend_path_matches_tensor_ops::<NdArray<f64>>(&DEVICE);
+    common::backend_path_matches_tensor_ops::<B>(&DEVICE, STRATEGY);
+    common::backend_path_matches_tensor_ops::<NdArray<f64>>(&DEVICE, STRATEGY);
 }
 
 /// The NdArray path reads an input through its strides (a transposed view here), and
@@ -51,7 +54,7 @@ fn backend_path_takes_strided_inputs_and_partial_gradients() {
     let g = Tensor::<B, 2>::random([d_out, rows], Distribution::Default, &DEVICE).transpose();
     let bias = layer.bias.as_ref().map(|b| b.val());
     common::assert_close(
-        B::sketched_linear(x.clone(), layer.weights(), bias.clone()).into_data(),
+        B::sketched_linear(x.clone(), layer.weights(), bias.clone(), STRATEGY).into_data(),
         tensor_ops::sketched_linear(x.clone(), layer.weights(), bias).into_data(),
         "forward of a transposed input",
     );
@@ -68,7 +71,7 @@ fn backend_path_takes_strided_inputs_and_partial_gradients() {
         },
         none,
     ] {
-        let actual = B::sketched_linear_backward(x.clone(), layer.weights(), g.clone(), wanted);
+        let actual = B::sketched_linear_backward(x.clone(), layer.weights(), g.clone(), wanted, STRATEGY);
         let expected =
             tensor_ops::sketched_linear_backward(x.clone(), layer.weights(), g.clone(), wanted);
         let what = format!("{wanted:?}");
@@ -102,22 +105,22 @@ fn backend_path_takes_strided_inputs_and_partial_gradients() {
 
 #[test]
 fn init_is_seeded() {
-    common::init_is_seeded::<B>(&DEVICE);
+    common::init_is_seeded::<B>(&DEVICE, STRATEGY);
 }
 
 #[test]
 fn optimizer_leaves_sketches_alone() {
-    common::optimizer_leaves_sketches_alone::<AB>(&DEVICE);
+    common::optimizer_leaves_sketches_alone::<AB>(&DEVICE, STRATEGY);
 }
 
 #[test]
 fn record_round_trip_is_exact() {
-    common::record_round_trip_is_exact::<B>(&DEVICE);
+    common::record_round_trip_is_exact::<B>(&DEVICE, STRATEGY);
 }
 
 #[test]
 fn wrong_input_width_panics() {
-    common::wrong_input_width_panics::<B>(&DEVICE);
+    common::wrong_input_width_panics::<B>(&DEVICE, STRATEGY);
 }
 
 #[test]

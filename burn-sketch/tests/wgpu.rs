@@ -4,57 +4,59 @@
 //! With burn's `fusion` on (burn-sketch's default), `Wgpu` is `Fusion<CubeBackend<..>>`, so
 //! these tests go through the fusion custom operation, then the CubeCL kernels.
 
-mod common;
+use crate::common;
 
 use burn::backend::ndarray::NdArrayDevice;
 use burn::backend::wgpu::WgpuDevice;
 use burn::backend::{Autodiff, NdArray, Wgpu};
+use burn_sketch::backend::KernelStrategy;
 
 type B = Wgpu;
 type AB = Autodiff<Wgpu>;
 
-/// Every test here checks the kernels, so none may leave the choice to the autotuner.
+/// Every test here checks the kernels, so none leaves the choice to the autotuner.
+const KERNELS: KernelStrategy = KernelStrategy::Kernels;
+
 fn device() -> WgpuDevice {
-    burn_sketch::backend::set_kernel_policy(burn_sketch::backend::KernelPolicy::Kernels);
     WgpuDevice::default()
 }
 
 #[test]
 fn forward_matches_references() {
-    common::forward_matches_references::<B>(&device());
+    common::forward_matches_references::<B>(&device(), KERNELS);
 }
 
 #[test]
 fn gradients_match_closed_form() {
-    common::gradients_match_closed_form::<AB>(&device());
+    common::gradients_match_closed_form::<AB>(&device(), KERNELS);
 }
 
 #[test]
 fn init_is_seeded() {
-    common::init_is_seeded::<B>(&device());
+    common::init_is_seeded::<B>(&device(), KERNELS);
 }
 
 #[test]
 fn optimizer_leaves_sketches_alone() {
-    common::optimizer_leaves_sketches_alone::<AB>(&device());
+    common::optimizer_leaves_sketches_alone::<AB>(&device(), KERNELS);
 }
 
 #[test]
 fn record_round_trip_is_exact() {
-    common::record_round_trip_is_exact::<B>(&device());
+    common::record_round_trip_is_exact::<B>(&device(), KERNELS);
 }
 
 #[test]
 fn wrong_input_width_panics() {
-    common::wrong_input_width_panics::<B>(&device());
+    common::wrong_input_width_panics::<B>(&device(), KERNELS);
 }
 
 #[test]
 fn kernels_match_tensor_ops() {
-    common::backend_path_matches_tensor_ops::<B>(&device());
+    common::backend_path_matches_tensor_ops::<B>(&device(), KERNELS);
 }
 
 #[test]
 fn training_step_matches_ndarray() {
-    common::training_step_matches::<Autodiff<NdArray>, AB>(&NdArrayDevice::default(), &device());
+    common::training_step_matches::<Autodiff<NdArray>, AB>(&NdArrayDevice::default(), &device(), KERNELS);
 }

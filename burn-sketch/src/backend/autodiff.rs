@@ -9,7 +9,7 @@
 //! CubeCL backends in both directions.
 
 use burn::tensor::ops::FloatTensor;
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::Tensor;
 use burn_autodiff::Autodiff;
 use burn_autodiff::NodeId;
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -17,7 +17,7 @@ use burn_autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
-use super::{SketchBackend, SketchWeights, WantedGradients, float};
+use super::{KernelStrategy, SketchBackend, SketchWeights, WantedGradients, float};
 
 impl<B, C> SketchBackend for Autodiff<B, C>
 where
@@ -28,66 +28,62 @@ where
         x: Tensor<Self, 2>,
         weights: SketchWeights<Self>,
         bias: Option<Tensor<Self, 1>>,
+        strategy: KernelStrategy,
     ) -> Tensor<Self, 2> {
-        let factors = [
-            x.into_primitive().tensor(),
-            weights.s1s.into_primitive().tensor(),
-            weights.s2s.into_primitive().tensor(),
-            weights.u1s.into_primitive().tensor(),
-            weights.u2s.into_primitive().tensor(),
-        ];
+        let [s1s, s2s, u1s, u2s] = weights.into_primitives();
+        let x = x.into_primitive().tensor();
         let output = match bias {
-            None => record::<B, C, 5>(factors),
+            None => record::<B, C, 5>([x, s1s, s2s, u1s, u2s], strategy),
             Some(bias) => {
-                let [x, s1s, s2s, u1s, u2s] = factors;
-                record::<B, C, 6>([x, s1s, s2s, u1s, u2s, bias.into_primitive().tensor()])
+                let bias = bias.into_primitive().tensor();
+                record::<B, C, 6>([x, s1s, s2s, u1s, u2s, bias], strategy)
             }
         };
-        Tensor::from_primitive(TensorPrimitive::Float(output))
+        float(output)
     }
 }
 
-/// The graph node of one sketched product. `N` is 5 (`x` and the four factors) or 6 (and the
-/// bias), in that order.
+/// The graph node of one sketched product. Its `N` parents are the [`OPERANDS`](super::OPERANDS) (5), then
+/// the bias when there is one (6). The backward runs with the forward's strategy.
 #[derive(Debug)]
-struct SketchedLinearBackward<const N: usize>;
+struct SketchedLinearBackward<const N: usize> {
+    strategy: KernelStrategy,
+}
 
-/// The checkpointed inputs: `x`, `S1s`, `S2s`, `U1s`, `U2s`.
+/// The checkpointed [`OPERANDS`](super::OPERANDS).
 type State = [NodeId; 5];
 
 /// The inner backend's product on the primitives of the autodiff inputs.
 fn inner_forward<B: SketchBackend, C: CheckpointStrategy, const N: usize>(
     inputs: &[FloatTensor<Autodiff<B, C>>; N],
+    strategy: KernelStrategy,
 ) -> FloatTensor<B> {
-    let weights = SketchWeights {
-        s1s: float(inputs[1].primitive.clone()),
-        s2s: float(inputs[2].primitive.clone()),
-        u1s: float(inputs[3].primitive.clone()),
-        u2s: float(inputs[4].primitive.clone()),
-    };
-    let bias = (N == 6).then(|| float(inputs[5].primitive.clone()));
-    B::sketched_linear(float(inputs[0].primitive.clone()), weights, bias)
+    let primitive = |index: usize| inputs[index].primitive.clone();
+    let weights = SketchWeights::from_primitives(std::array::from_fn(|i| primitive(i + 1)));
+    let bias = (N == 6).then(|| float(primitive(5)));
+    B::sketched_linear(float(primitive(0)), weights, bias, strategy)
         .into_primitive()
         .tensor()
 }
 
 fn record<B: SketchBackend, C: CheckpointStrategy, const N: usize>(
     inputs: [FloatTensor<Autodiff<B, C>>; N],
+    strategy: KernelStrategy,
 ) -> FloatTensor<Autodiff<B, C>> {
     let nodes = inputs.each_ref().map(|input| input.node.clone());
     // Compute bound: under a checkpointing strategy the node keeps its inputs rather than
     // being recomputed, and the backward recomputes only the small `P`.
-    match SketchedLinearBackward::<N>
+    match (SketchedLinearBackward::<N> { strategy })
         .prepare::<C>(nodes)
         .compute_bound()
         .stateful()
     {
         OpsKind::Tracked(mut prep) => {
             let state: State = std::array::from_fn(|i| prep.checkpoint(&inputs[i]));
-            let output = inner_forward::<B, C, N>(&inputs);
+            let output = inner_forward::<B, C, N>(&inputs, strategy);
             prep.finish(state, output)
         }
-        OpsKind::UnTracked(prep) => prep.finish(inner_forward::<B, C, N>(&inputs)),
+        OpsKind::UnTracked(prep) => prep.finish(inner_forward::<B, C, N>(&inputs, strategy)),
     }
 }
 
@@ -109,41 +105,17 @@ impl<B: SketchBackend, const N: usize> Backward<B, N> for SketchedLinearBackward
         if N == 6
             && let Some(bias) = &parents[5]
         {
-            grads.register::<B>(
-                bias.id,
-                grad_output
-                    .clone()
-                    .sum_dim(0)
-                    .squeeze_dim::<1>(0)
-                    .into_primitive()
-                    .tensor(),
-            );
+            let grad_bias = grad_output.clone().sum_dim(0).squeeze_dim::<1>(0);
+            grads.register::<B>(bias.id, grad_bias.into_primitive().tensor());
         }
 
-        let wanted = WantedGradients {
-            x: parents[0].is_some(),
-            s1s: parents[1].is_some(),
-            s2s: parents[2].is_some(),
-            u1s: parents[3].is_some(),
-            u2s: parents[4].is_some(),
-        };
-        let weights = SketchWeights {
-            s1s: float(s1s),
-            s2s: float(s2s),
-            u1s: float(u1s),
-            u2s: float(u2s),
-        };
-        let result = B::sketched_linear_backward(float(x), weights, grad_output, wanted);
-
-        let mut register = |index: usize, grad: Option<FloatTensor<B>>| {
-            if let (Some(node), Some(grad)) = (&parents[index], grad) {
+        let wanted = WantedGradients::from_array(std::array::from_fn(|i| parents[i].is_some()));
+        let weights = SketchWeights::from_primitives([s1s, s2s, u1s, u2s]);
+        let result = B::sketched_linear_backward(float(x), weights, grad_output, wanted, self.strategy);
+        for (parent, grad) in parents.iter().zip(result.into_primitives()) {
+            if let (Some(node), Some(grad)) = (parent, grad) {
                 grads.register::<B>(node.id, grad);
             }
-        };
-        register(0, result.x.map(|g| g.into_primitive().tensor()));
-        register(1, result.s1s.map(|g| g.into_primitive().tensor()));
-        register(2, result.s2s.map(|g| g.into_primitive().tensor()));
-        register(3, result.u1s.map(|g| g.into_primitive().tensor()));
-        register(4, result.u2s.map(|g| g.into_primitive().tensor()));
+        }
     }
 }

@@ -12,7 +12,9 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
-use super::{SketchBackend, SketchGradients, SketchWeights, WantedGradients, float};
+use super::{
+    KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients, float,
+};
 
 impl<B> SketchBackend for Fusion<B>
 where
@@ -22,17 +24,19 @@ where
         x: Tensor<Self, 2>,
         weights: SketchWeights<Self>,
         bias: Option<Tensor<Self, 1>>,
+        strategy: KernelStrategy,
     ) -> Tensor<Self, 2> {
-        let mut inputs = primitives(x, weights);
+        let [rows, _] = x.dims();
+        let (_, _, _, d_output) = weights.dims();
         let has_bias = bias.is_some();
+        let mut inputs = operands(x, weights);
         inputs.extend(bias.map(|bias| bias.into_primitive().tensor()));
-        let [rows, _] = inputs[0].shape.dims::<2>();
-        let d_output = inputs[2].shape.dims::<3>()[2];
         let outputs = register::<B>(
             "burn_sketch::sketched_linear",
             inputs,
             vec![Shape::new([rows, d_output])],
             Step::Forward { has_bias },
+            strategy,
         );
         float(outputs.into_iter().next().expect("one output"))
     }
@@ -42,52 +46,47 @@ where
         weights: SketchWeights<Self>,
         grad_output: Tensor<Self, 2>,
         wanted: WantedGradients,
+        strategy: KernelStrategy,
     ) -> SketchGradients<Self> {
-        let mut inputs = primitives(x, weights);
+        let mut inputs = operands(x, weights);
+        // Each wanted gradient has its operand's shape; the outputs follow `OPERANDS` order.
+        let shapes: Vec<Shape> = inputs
+            .iter()
+            .zip(wanted.to_array())
+            .filter(|(_, wanted)| *wanted)
+            .map(|(operand, _)| operand.shape.clone())
+            .collect();
         inputs.push(grad_output.into_primitive().tensor());
-        // Outputs in the order x, S1s, S2s, U1s, U2s, each only if wanted.
-        let shapes: Vec<Shape> = [
-            (wanted.x, &inputs[0]),
-            (wanted.s1s, &inputs[1]),
-            (wanted.s2s, &inputs[2]),
-            (wanted.u1s, &inputs[3]),
-            (wanted.u2s, &inputs[4]),
-        ]
-        .into_iter()
-        .filter(|(wanted, _)| *wanted)
-        .map(|(_, like)| like.shape.clone())
-        .collect();
-        let mut outputs = register::<B>(
+        let outputs = register::<B>(
             "burn_sketch::sketched_linear_backward",
             inputs,
             shapes,
             Step::Backward { wanted },
-        )
-        .into_iter();
-        let mut next = |is_wanted: bool| is_wanted.then(|| outputs.next().expect("wanted output"));
-        SketchGradients {
-            x: next(wanted.x).map(float),
-            s1s: next(wanted.s1s).map(float),
-            s2s: next(wanted.s2s).map(float),
-            u1s: next(wanted.u1s).map(float),
-            u2s: next(wanted.u2s).map(float),
-        }
+            strategy,
+        );
+        SketchGradients::from_primitives(present(wanted, outputs))
     }
 }
 
 type Primitive<B> = FusionTensor<<B as FusionBackend>::FusionRuntime>;
 
-fn primitives<B: FusionBackend>(
+/// `x` and the weights as primitives, in [`OPERANDS`](super::OPERANDS) order.
+fn operands<B: FusionBackend>(
     x: Tensor<Fusion<B>, 2>,
     weights: SketchWeights<Fusion<B>>,
 ) -> Vec<Primitive<B>> {
-    vec![
-        x.into_primitive().tensor(),
-        weights.s1s.into_primitive().tensor(),
-        weights.s2s.into_primitive().tensor(),
-        weights.u1s.into_primitive().tensor(),
-        weights.u2s.into_primitive().tensor(),
-    ]
+    std::iter::once(x.into_primitive().tensor())
+        .chain(weights.into_primitives())
+        .collect()
+}
+
+/// Places `results`, one per wanted gradient in [`OPERANDS`](super::OPERANDS) order, at
+/// their operands' positions.
+fn present<T>(wanted: WantedGradients, results: impl IntoIterator<Item = T>) -> [Option<T>; 5] {
+    let mut results = results.into_iter();
+    wanted
+        .to_array()
+        .map(|is_wanted| is_wanted.then(|| results.next().expect("one result per wanted gradient")))
 }
 
 /// Registers a custom operation reading `inputs` and producing new tensors of `shapes`
@@ -97,6 +96,7 @@ fn register<B: FusionBackend + SketchBackend>(
     inputs: Vec<Primitive<B>>,
     shapes: Vec<Shape>,
     step: Step,
+    strategy: KernelStrategy,
 ) -> Vec<Primitive<B>> {
     let client = inputs[0].client.clone();
     let dtype = inputs[0].dtype;
@@ -113,6 +113,7 @@ fn register<B: FusionBackend + SketchBackend>(
         SketchOp::<B> {
             desc,
             step,
+            strategy,
             backend: PhantomData,
         },
     )
@@ -128,6 +129,7 @@ enum Step {
 struct SketchOp<B> {
     desc: CustomOpIr,
     step: Step,
+    strategy: KernelStrategy,
     backend: PhantomData<fn() -> B>,
 }
 
@@ -143,29 +145,23 @@ impl<B: FusionBackend + SketchBackend> Operation<B::FusionRuntime> for SketchOp<
             .map(|ir| handles.get_float_tensor::<B>(ir));
         let mut next = || inputs.next().expect("input registered with the operation");
         let x: Tensor<B, 2> = float(next());
-        let weights = SketchWeights {
-            s1s: float(next()),
-            s2s: float(next()),
-            u1s: float(next()),
-            u2s: float(next()),
-        };
+        let weights = SketchWeights::from_primitives(std::array::from_fn(|_| next()));
         let results: Vec<B::FloatTensorPrimitive> = match self.step {
             Step::Forward { has_bias } => {
                 let bias = has_bias.then(|| float(next()));
-                vec![
-                    B::sketched_linear(x, weights, bias)
-                        .into_primitive()
-                        .tensor(),
-                ]
+                let output = B::sketched_linear(x, weights, bias, self.strategy);
+                vec![output.into_primitive().tensor()]
             }
             Step::Backward { wanted } => {
-                let grads = B::sketched_linear_backward(x, weights, float(next()), wanted);
-                let matrices = grads.x.map(|g| g.into_primitive().tensor());
-                let factors = [grads.s1s, grads.s2s, grads.u1s, grads.u2s]
+                let grads = B::sketched_linear_backward(x, weights, float(next()), wanted, self.strategy);
+                // One output per wanted gradient, as registered.
+                grads
+                    .into_primitives()
                     .into_iter()
-                    .flatten()
-                    .map(|g| g.into_primitive().tensor());
-                matrices.into_iter().chain(factors).collect()
+                    .zip(wanted.to_array())
+                    .filter(|(_, wanted)| *wanted)
+                    .map(|(grad, _)| grad.expect("a wanted gradient is computed"))
+                    .collect()
             }
         };
         for (output, result) in self.desc.outputs.iter().zip(results) {

@@ -16,23 +16,17 @@ mod fusion;
 mod gradients;
 #[cfg(feature = "ndarray")]
 mod ndarray;
-#[cfg(feature = "cubecl")]
-mod policy;
+mod strategy;
 pub mod tensor_ops;
 mod weights;
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-pub use gradients::{SketchGradients, WantedGradients};
-#[cfg(feature = "cubecl")]
-pub use policy::{KernelPolicy, kernel_policy, set_kernel_policy};
+pub use gradients::{OPERANDS, SketchGradients, WantedGradients};
+pub use strategy::KernelStrategy;
 pub use weights::SketchWeights;
-
-/// Wraps a float primitive as a tensor: the implementations below move between the two.
-fn float<B: Backend, const D: usize>(primitive: burn::tensor::ops::FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(primitive))
-}
+use weights::float;
 
 /// A backend that can compute a sketched linear layer.
 ///
@@ -44,11 +38,14 @@ pub trait SketchBackend: Backend {
     /// `[n, d_input]`, returning `[n, d_output]`.
     ///
     /// Callers guarantee that the shapes agree (as [`SkLinear`](crate::SkLinear) does).
+    /// `strategy` picks the implementation where the backend has several.
     fn sketched_linear(
         x: Tensor<Self, 2>,
         weights: SketchWeights<Self>,
         bias: Option<Tensor<Self, 1>>,
+        strategy: KernelStrategy,
     ) -> Tensor<Self, 2> {
+        let _ = strategy;
         tensor_ops::sketched_linear(x, weights, bias)
     }
 
@@ -63,7 +60,9 @@ pub trait SketchBackend: Backend {
         weights: SketchWeights<Self>,
         grad_output: Tensor<Self, 2>,
         wanted: WantedGradients,
+        strategy: KernelStrategy,
     ) -> SketchGradients<Self> {
+        let _ = strategy;
         tensor_ops::sketched_linear_backward(x, weights, grad_output, wanted)
     }
 }

@@ -4,13 +4,13 @@
 //! exists: burn-ndarray 0.21's `matmul` reshapes both operands and its result through a
 //! copy, and zero-fills the result, on every call. A dense layer hardly notices, but the
 //! sketched products are thin (`2Tk` of a few dozen columns), so those copies cost more
-//! than the arithmetic: at `d = 8192`, batch 256, `T = 1`, `k = 16`, one `x·S1` took 5.1 ms
-//! through `matmul` against 1.7 ms for the same matrixmultiply call on the arrays.
+//! than the arithmetic (the README's CPU benchmark section has the measurements).
 //!
 //! Here every product is one [`general_mat_mul`] (matrixmultiply, the engine burn-ndarray
 //! itself uses) on views of the tensors' arrays, whatever their strides:
 //! - the four factors are packed into the layer's two dense factors (`A = [S1 | U2]`,
-//!   `[d_in, 2Tk]`, and `B = [U1; S2]`, `[2Tk, d_out]`), a copy of the weights only, so that
+//!   `[d_in, 2Tk]`, and `B = [U1; S2]`, `[2Tk, d_out]`, in the packed order
+//!   [`SketchWeights`] defines), a copy of the weights only, so that
 //!   each product over `x` or `y` reads that big operand once, for any `T`;
 //! - `1/(2T)` rides on the products of the thin operand as their `alpha`;
 //! - the bias is the output product's starting value (`beta = 1`), not a second pass over
@@ -25,7 +25,9 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
 
-use super::{SketchBackend, SketchGradients, SketchWeights, WantedGradients, float, tensor_ops};
+use super::{
+    KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients, float, tensor_ops,
+};
 
 impl<E, I, Q> SketchBackend for NdArray<E, I, Q>
 where
@@ -36,6 +38,7 @@ where
         x: Tensor<Self, 2>,
         weights: SketchWeights<Self>,
         bias: Option<Tensor<Self, 1>>,
+        _strategy: KernelStrategy,
     ) -> Tensor<Self, 2> {
         forward::<f32, Self>(&x, &weights, bias.as_ref())
             .or_else(|| forward::<f64, Self>(&x, &weights, bias.as_ref()))
@@ -47,6 +50,7 @@ where
         weights: SketchWeights<Self>,
         grad_output: Tensor<Self, 2>,
         wanted: WantedGradients,
+        _strategy: KernelStrategy,
     ) -> SketchGradients<Self> {
         backward::<f32, Self>(&x, &weights, &grad_output, wanted)
             .or_else(|| backward::<f64, Self>(&x, &weights, &grad_output, wanted))

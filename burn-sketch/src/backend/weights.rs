@@ -1,7 +1,9 @@
-//! The factor tensors of a sketched layer, as passed to a backend.
+//! The tensors of one sketched product, as passed to a backend, and the one order in which
+//! every implementation packs them.
 
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorPrimitive};
 
 /// The four factor tensors of a sketched layer, in Panther's layouts.
 ///
@@ -11,6 +13,23 @@ use burn::tensor::backend::Backend;
 /// | `s2s` | `[T, k, d_output]` | trainable |
 /// | `u1s` | `[T, k, d_output]` | fixed sign sketch |
 /// | `u2s` | `[T, d_input, k]` | fixed sign sketch |
+///
+/// # Packed order
+///
+/// Every implementation of the product (the tensor-op path, NdArray's own path and the CubeCL
+/// kernels) multiplies through the layer's two dense factors, and all of them order the rank
+/// axis of `2Tk` the same way, in blocks:
+///
+/// ```text
+/// A = [S1_1 … S1_T | U2_1 … U2_T]     [d_input, 2Tk]
+/// B = [U1_1; …; U1_T; S2_1; …; S2_T]  [2Tk, d_output]
+/// ```
+///
+/// so that `P = x·A = [P₁ | P₂]` has `x·S1` in its first `Tk` columns and `x·U2` in the last
+/// `Tk`, and `A·B = Σ_t (S1_t·U1_t + U2_t·S2_t)`. The blocks keep each half contiguous in `B`
+/// (the `[T, k, d_output]` tensors are already `[Tk, d_output]` matrices) and let the
+/// backward split `∂P` into `∂P₁` and `∂P₂` without a gather. [`factors`](Self::factors)
+/// builds exactly this `A` and `B`.
 #[derive(Debug, Clone)]
 pub struct SketchWeights<B: Backend> {
     /// Trainable left factors, `[T, d_input, k]`.
@@ -24,31 +43,49 @@ pub struct SketchWeights<B: Backend> {
 }
 
 impl<B: Backend> SketchWeights<B> {
-    /// The number of terms `T`.
-    pub fn num_terms(&self) -> usize {
-        self.s1s.dims()[0]
+    /// The four tensors in the order `[s1s, s2s, u1s, u2s]`, the order of the fields.
+    pub fn into_array(self) -> [Tensor<B, 3>; 4] {
+        [self.s1s, self.s2s, self.u1s, self.u2s]
+    }
+
+    /// The inverse of [`into_array`](Self::into_array).
+    pub fn from_array([s1s, s2s, u1s, u2s]: [Tensor<B, 3>; 4]) -> Self {
+        Self { s1s, s2s, u1s, u2s }
+    }
+
+    /// The four tensors as backend primitives, in [`into_array`](Self::into_array)'s order:
+    /// what backend wrappers (autodiff, fusion) pass to their inner backend.
+    pub fn into_primitives(self) -> [FloatTensor<B>; 4] {
+        self.into_array().map(|tensor| tensor.into_primitive().tensor())
+    }
+
+    /// The inverse of [`into_primitives`](Self::into_primitives).
+    pub fn from_primitives(primitives: [FloatTensor<B>; 4]) -> Self {
+        Self::from_array(primitives.map(float))
+    }
+
+    /// `(T, d_input, k, d_output)`.
+    pub fn dims(&self) -> (usize, usize, usize, usize) {
+        let [terms, d_input, k] = self.s1s.dims();
+        (terms, d_input, k, self.s2s.dims()[2])
     }
 
     /// The two dense factors of the layer, `A` (`[d_input, 2Tk]`) and `B` (`[2Tk, d_output]`),
-    /// such that the layer's weight is `A·B / (2T)`.
+    /// in the [packed order](Self#packed-order), such that the layer's weight is `A·B / (2T)`.
     ///
-    /// The rank axis is ordered term by term: for term `t`, the `k` columns of `S1_t` are
-    /// followed by the `k` columns of `U2_t` in `A`, and the rows of `U1_t` by those of `S2_t`
-    /// in `B`. Then `A·B = Σ_t (S1_t·U1_t + U2_t·S2_t)`. Building `B` needs one concatenation
-    /// and no transposition; `A` needs one more copy to bring the term axis inward, except when
-    /// `T = 1`.
+    /// `B` is one concatenation of two tensors that are already `[Tk, d_output]` matrices; `A`
+    /// is one stack (a copy) that moves the term axis inward.
     pub fn factors(self) -> (Tensor<B, 2>, Tensor<B, 2>) {
-        let [t, d_input, k] = self.s1s.dims();
-        let d_output = self.s2s.dims()[2];
-        let rank = 2 * t * k;
-
-        let a = Tensor::cat(vec![self.s1s, self.u2s], 2);
-        let a = if t == 1 {
-            a.reshape([d_input, rank])
-        } else {
-            a.swap_dims(0, 1).reshape([d_input, rank])
-        };
-        let b = Tensor::cat(vec![self.u1s, self.s2s], 1).reshape([rank, d_output]);
+        let (terms, d_input, k, d_output) = self.dims();
+        let rank = 2 * terms * k;
+        let a = Tensor::stack::<4>(vec![self.s1s.swap_dims(0, 1), self.u2s.swap_dims(0, 1)], 1)
+            .reshape([d_input, rank]);
+        let b = Tensor::cat(vec![self.u1s, self.s2s], 0).reshape([rank, d_output]);
         (a, b)
     }
+}
+
+/// Wraps a float primitive as a tensor: backend implementations move between the two.
+pub(crate) fn float<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(primitive))
 }

@@ -5,6 +5,7 @@ use burn::tensor::backend::Backend;
 
 use super::SkLinear;
 use crate::SketchError;
+use crate::backend::KernelStrategy;
 
 /// Configuration to create a [`SkLinear`] layer with [`init`](SkLinearConfig::init).
 ///
@@ -31,6 +32,10 @@ pub struct SkLinearConfig {
     /// If a bias should be added after the sketched product.
     #[config(default = true)]
     pub bias: bool,
+    /// How backends with several implementations of the product (CubeCL's) pick one; not
+    /// part of the layer's record.
+    #[config(default = "KernelStrategy::Autotune")]
+    pub strategy: KernelStrategy,
 }
 
 impl SkLinearConfig {
@@ -108,11 +113,7 @@ impl SkLinearConfig {
     pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<SkLinear<B>, SketchError> {
         self.validate()?;
         let (weight, bias) = super::init::panther_dense(self, device);
-        Ok(SkLinear::from_dense_parts(
-            weight,
-            bias,
-            self.num_terms,
-            self.low_rank,
-        ))
+        let layer = SkLinear::from_dense_parts(weight, bias, self.num_terms, self.low_rank);
+        Ok(layer.with_strategy(self.strategy))
     }
 }

@@ -6,6 +6,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
 
 use super::{SkLinear, SkLinearConfig};
+use crate::backend::KernelStrategy;
 
 /// Draws the dense layer that a freshly initialised [`SkLinear`] estimates: weight
 /// `[d_input, d_output]` and bias `[d_output]`, both uniform in `±1/√d_output`.
@@ -80,6 +81,7 @@ impl<B: Backend> SkLinear<B> {
             u1s: fixed(u1s),
             u2s: fixed(u2s),
             bias: bias.map(Param::from_tensor),
+            strategy: KernelStrategy::default(),
         }
     }
 }

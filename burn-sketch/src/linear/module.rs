@@ -7,7 +7,7 @@ use burn::tensor::backend::Backend;
 
 use super::SkLinearConfig;
 use crate::SketchError;
-use crate::backend::{SketchBackend, SketchWeights};
+use crate::backend::{KernelStrategy, SketchBackend, SketchWeights};
 
 /// A linear layer whose weight is a sum of low-rank sketched terms (Panther's `SKLinear`).
 ///
@@ -36,6 +36,9 @@ pub struct SkLinear<B: Backend> {
     pub u2s: Param<Tensor<B, 3>>,
     /// Optional bias, `[d_output]`.
     pub bias: Option<Param<Tensor<B, 1>>>,
+    /// How the backend picks its implementation of the product; not saved in records.
+    #[module(skip)]
+    pub strategy: KernelStrategy,
 }
 
 /// Parameter counts of a [`SkLinear`], for comparison with the dense layer it replaces.
@@ -118,6 +121,14 @@ impl<B: Backend> SkLinear<B> {
             self.low_rank(),
         )
         .with_bias(self.bias.is_some())
+        .with_strategy(self.strategy)
+    }
+
+    /// The layer with another [`KernelStrategy`] (a per-layer, per-call choice: tests and
+    /// benchmarks pin the kernels or the tensor-op path this way).
+    pub fn with_strategy(mut self, strategy: KernelStrategy) -> Self {
+        self.strategy = strategy;
+        self
     }
 
     /// The layer's four factor tensors, as the backend's sketched product takes them.
@@ -174,6 +185,7 @@ impl<B: SketchBackend> SkLinear<B> {
             with_shape(input, [rows, d_input]),
             self.weights(),
             self.bias.as_ref().map(|b| b.val()),
+            self.strategy,
         );
         let mut out_dims = dims;
         out_dims[D - 1] = self.d_output();
@@ -185,9 +197,8 @@ impl<B: SketchBackend> SkLinear<B> {
 /// input and its output).
 ///
 /// Why not always `reshape`: burn-ndarray 0.21 copies the whole array on every reshape, even to
-/// the shape it has. For a `[256, 8192]` input that is two 8 MB copies per forward (and two
-/// more in the backward); dropping them took the 8192², `T = 1`, `k = 16` forward from 14.1 to
-/// 8.8 ms.
+/// the shape it has: for a `[256, 8192]` input, two 8 MB copies per forward and two more in
+/// the backward (the README's CPU benchmark section has the measured effect).
 fn with_shape<B: Backend, const D: usize, const D2: usize>(
     tensor: Tensor<B, D>,
     shape: [usize; D2],

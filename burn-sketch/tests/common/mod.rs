@@ -1,5 +1,5 @@
-//! Backend-generic checks of `SkLinear`, instantiated per backend by `ndarray.rs` and
-//! `wgpu.rs` (one test binary per backend, so wgpu compiles its kernels once).
+//! Backend-generic checks of `SkLinear`, instantiated per backend by the `ndarray`, `wgpu`
+//! and `cuda` modules.
 
 #![allow(dead_code)]
 
@@ -8,6 +8,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor, TensorData};
+use burn_sketch::backend::KernelStrategy;
 use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
 
 /// Shapes with odd and prime sizes, a size-1 case and a wide/narrow pair.
@@ -80,13 +81,13 @@ fn dense_forward<B: Backend>(layer: &SkLinear<B>, x: Tensor<B, 2>) -> Tensor<B, 
 
 /// Forward equals `x·W_eff + b` and the per-term formula, for every T, odd sizes, with and
 /// without bias, and for rank-1, rank-2 and rank-3 inputs.
-pub fn forward_matches_references<B: SketchBackend>(device: &B::Device) {
+pub fn forward_matches_references<B: SketchBackend>(device: &B::Device, strategy: KernelStrategy) {
     let _serial = serial();
     B::seed(device, 7);
     for (d_in, d_out, k) in SHAPES {
         for t in TERMS {
             for bias in [true, false] {
-                let layer = SkLinearConfig::new(d_in, d_out, t, k)
+                let layer = SkLinearConfig::new(d_in, d_out, t, k).with_strategy(strategy)
                     .with_bias(bias)
                     .init::<B>(device);
                 let what = format!("d_in={d_in} d_out={d_out} k={k} T={t} bias={bias}");
@@ -121,12 +122,12 @@ pub fn forward_matches_references<B: SketchBackend>(device: &B::Device) {
 }
 
 /// The gradients of `L = Σ y ⊙ g` equal DESIGN.md's closed forms; the sketches get none.
-pub fn gradients_match_closed_form<B: AutodiffBackend + SketchBackend>(device: &B::Device) {
+pub fn gradients_match_closed_form<B: AutodiffBackend + SketchBackend>(device: &B::Device, strategy: KernelStrategy) {
     let _serial = serial();
     B::seed(device, 11);
     for (d_in, d_out, k) in [(7, 5, 3), (16, 9, 4)] {
         for t in [1, 3] {
-            let layer = SkLinearConfig::new(d_in, d_out, t, k).init::<B>(device);
+            let layer = SkLinearConfig::new(d_in, d_out, t, k).with_strategy(strategy).init::<B>(device);
             let what = format!("d_in={d_in} d_out={d_out} k={k} T={t}");
             let n = 6;
             let x = Tensor::<B, 2>::random([n, d_in], Distribution::Default, device).require_grad();
@@ -215,9 +216,9 @@ pub fn gradients_match_closed_form<B: AutodiffBackend + SketchBackend>(device: &
 }
 
 /// Two initialisations after the same `B::seed` are identical; a different seed differs.
-pub fn init_is_seeded<B: SketchBackend>(device: &B::Device) {
+pub fn init_is_seeded<B: SketchBackend>(device: &B::Device, strategy: KernelStrategy) {
     let _serial = serial();
-    let config = SkLinearConfig::new(9, 6, 2, 3);
+    let config = SkLinearConfig::new(9, 6, 2, 3).with_strategy(strategy);
     let draw = |seed| {
         B::seed(device, seed);
         config.init::<B>(device).to_dense_weight().into_data()
@@ -229,10 +230,10 @@ pub fn init_is_seeded<B: SketchBackend>(device: &B::Device) {
 
 /// A training step changes `S1s`, `S2s` and the bias but leaves the fixed sketches
 /// bit-for-bit alone.
-pub fn optimizer_leaves_sketches_alone<B: AutodiffBackend + SketchBackend>(device: &B::Device) {
+pub fn optimizer_leaves_sketches_alone<B: AutodiffBackend + SketchBackend>(device: &B::Device, strategy: KernelStrategy) {
     let _serial = serial();
     B::seed(device, 3);
-    let layer = SkLinearConfig::new(10, 4, 2, 3).init::<B>(device);
+    let layer = SkLinearConfig::new(10, 4, 2, 3).with_strategy(strategy).init::<B>(device);
     let before = layer.clone();
     let x = Tensor::<B, 2>::random([5, 10], Distribution::Default, device);
     let grads = layer.forward(x).powi_scalar(2).mean().backward();
@@ -249,12 +250,12 @@ pub fn optimizer_leaves_sketches_alone<B: AutodiffBackend + SketchBackend>(devic
 
 /// Saving with Burn's recorder and loading into a freshly initialised layer restores every
 /// tensor bit-for-bit (the sketches included), so outputs are identical.
-pub fn record_round_trip_is_exact<B: SketchBackend>(device: &B::Device) {
+pub fn record_round_trip_is_exact<B: SketchBackend>(device: &B::Device, strategy: KernelStrategy) {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("layer");
     let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
-    let config = SkLinearConfig::new(11, 7, 3, 2);
+    let config = SkLinearConfig::new(11, 7, 3, 2).with_strategy(strategy);
     B::seed(device, 1);
     let layer = config.init::<B>(device);
     layer.clone().save_file(path.clone(), &recorder).unwrap();
@@ -279,9 +280,9 @@ pub fn record_round_trip_is_exact<B: SketchBackend>(device: &B::Device) {
 }
 
 /// An input whose last dimension is not `d_input` panics with a message that says so.
-pub fn wrong_input_width_panics<B: SketchBackend>(device: &B::Device) {
+pub fn wrong_input_width_panics<B: SketchBackend>(device: &B::Device, strategy: KernelStrategy) {
     let _serial = serial();
-    let layer = SkLinearConfig::new(8, 4, 1, 2).init::<B>(device);
+    let layer = SkLinearConfig::new(8, 4, 1, 2).with_strategy(strategy).init::<B>(device);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         layer.forward(Tensor::<B, 2>::zeros([3, 7], device))
     }));
@@ -299,7 +300,7 @@ pub fn wrong_input_width_panics<B: SketchBackend>(device: &B::Device) {
 /// The backend's own `SketchBackend` implementation (on CubeCL backends: the kernels)
 /// against the tensor-op path on the same backend, forward and backward, including a rank
 /// `2Tk` beyond the fused kernel's limit and odd sizes.
-pub fn backend_path_matches_tensor_ops<B: SketchBackend>(device: &B::Device) {
+pub fn backend_path_matches_tensor_ops<B: SketchBackend>(device: &B::Device, strategy: KernelStrategy) {
     use burn_sketch::backend::{WantedGradients, tensor_ops};
     let _serial = serial();
     B::seed(device, 5);
@@ -312,12 +313,12 @@ pub fn backend_path_matches_tensor_ops<B: SketchBackend>(device: &B::Device) {
         (5, 1100, 700, 1, 16),
     ] {
         let what = format!("n={rows} d_in={d_in} d_out={d_out} T={t} k={k}");
-        let layer = SkLinearConfig::new(d_in, d_out, t, k).init::<B>(device);
+        let layer = SkLinearConfig::new(d_in, d_out, t, k).with_strategy(strategy).init::<B>(device);
         let x = Tensor::<B, 2>::random([rows, d_in], Distribution::Default, device);
         let g = Tensor::<B, 2>::random([rows, d_out], Distribution::Default, device);
         let bias = layer.bias.as_ref().map(|b| b.val());
 
-        let actual = B::sketched_linear(x.clone(), layer.weights(), bias.clone());
+        let actual = B::sketched_linear(x.clone(), layer.weights(), bias.clone(), strategy);
         let expected = tensor_ops::sketched_linear(x.clone(), layer.weights(), bias);
         assert_close(
             actual.into_data(),
@@ -330,6 +331,7 @@ pub fn backend_path_matches_tensor_ops<B: SketchBackend>(device: &B::Device) {
             layer.weights(),
             g.clone(),
             WantedGradients::ALL,
+            strategy,
         );
         let expected =
             tensor_ops::sketched_linear_backward(x, layer.weights(), g, WantedGradients::ALL);
@@ -359,7 +361,7 @@ pub fn backend_path_matches_tensor_ops<B: SketchBackend>(device: &B::Device) {
 
 /// One training step's gradients (`x`, `S1s`, `S2s`, bias) on backend `A` equal those on
 /// backend `B` for the same layer, copied across through a record.
-pub fn training_step_matches<A, B>(device_a: &A::Device, device_b: &B::Device)
+pub fn training_step_matches<A, B>(device_a: &A::Device, device_b: &B::Device, strategy: KernelStrategy)
 where
     A: AutodiffBackend + SketchBackend,
     B: AutodiffBackend + SketchBackend,
@@ -370,7 +372,7 @@ where
     let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
     for (rows, d_in, d_out, t, k) in [(9, 23, 17, 2, 5), (33, 40, 12, 1, 64)] {
         let what = format!("n={rows} d_in={d_in} d_out={d_out} T={t} k={k}");
-        let config = SkLinearConfig::new(d_in, d_out, t, k);
+        let config = SkLinearConfig::new(d_in, d_out, t, k).with_strategy(strategy);
         let layer_a = config.init::<A>(device_a);
         let bytes = recorder.record(layer_a.clone().into_record(), ()).unwrap();
         let layer_b = config

@@ -6,7 +6,7 @@ use burn::backend::Autodiff;
 use burn::nn::LinearConfig;
 use burn::tensor::{Distribution, Tensor};
 use burn_memory::DeviceMemory;
-use burn_sketch::backend::tensor_ops;
+use burn_sketch::backend::{KernelStrategy, tensor_ops};
 use burn_sketch::{SkLinearConfig, SketchBackend};
 use serde::{Deserialize, Serialize};
 
@@ -106,6 +106,8 @@ pub struct Settings {
     pub dtype: Dtype,
     /// The device's datasheet peaks, for roofline bounds.
     pub device_spec: Option<DeviceSpec>,
+    /// What "sketch" times on backends with a choice (CubeCL's).
+    pub strategy: KernelStrategy,
 }
 
 /// Measures `point` on backend `B`; the training variants run on `Autodiff<B>`.
@@ -121,7 +123,8 @@ pub fn measure<B: SketchBackend + DeviceMemory>(
         point.d_output,
         point.num_terms,
         point.low_rank,
-    );
+    )
+    .with_strategy(settings.strategy);
     let dense_config = LinearConfig::new(point.d_input, point.d_output);
     let sketch = config.init::<B>(device);
     let dense = dense_config.init::<B>(device);

@@ -16,13 +16,13 @@ mod report;
 mod roofline;
 mod timing;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use burn::tensor::DType;
 use burn_memory::DeviceMemory;
 use burn_sketch::SketchBackend;
-use burn_sketch::backend::KernelPolicy;
+use burn_sketch::backend::KernelStrategy;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -74,15 +74,25 @@ impl Dtype {
     }
 }
 
-/// `burn_sketch::backend::KernelPolicy`, as a command-line value.
+/// `burn_sketch::backend::KernelStrategy`, as a command-line value.
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Policy {
+pub enum Strategy {
     /// The kernels of `burn-sketch-kernels`.
     Kernels,
     /// Burn tensor operations.
     TensorOps,
-    /// Timed once per shape, the faster kept.
+    /// CubeCL's autotuner times both once per shape class, the faster kept.
     Autotune,
+}
+
+impl Strategy {
+    fn burn_sketch(self) -> KernelStrategy {
+        match self {
+            Self::Kernels => KernelStrategy::Kernels,
+            Self::TensorOps => KernelStrategy::TensorOps,
+            Self::Autotune => KernelStrategy::Autotune,
+        }
+    }
 }
 
 /// Options of `cargo xtask bench`.
@@ -111,7 +121,7 @@ pub struct BenchArgs {
     /// On CubeCL backends, what "sketch" times: the kernels (default), the tensor-op path, or
     /// whichever the autotuner picks.
     #[arg(long, value_enum, default_value = "kernels")]
-    pub policy: Policy,
+    pub strategy: Strategy,
     /// Timed runs per measurement.
     #[arg(long, default_value_t = 10)]
     pub runs: usize,
@@ -119,9 +129,13 @@ pub struct BenchArgs {
     #[arg(long, default_value = "target/bench")]
     pub out: PathBuf,
     /// An earlier `results.json` to compare with: points whose sketched times grew by more
-    /// than 10 % are flagged.
+    /// than 10 % (or `--fail-on-regression`'s percentage) are flagged.
     #[arg(long)]
     pub baseline: Option<PathBuf>,
+    /// With `--baseline`: exit non-zero if any point's sketched forward or forward + backward
+    /// median grew by more than this percentage.
+    #[arg(long, value_name = "PCT", requires = "baseline")]
+    pub fail_on_regression: Option<f64>,
 }
 
 /// Runs the suite and writes `results.{md,json,csv}`; returns the results directory.
@@ -137,11 +151,6 @@ pub fn run(args: &BenchArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
     if points.is_empty() {
         return Err(format!("no point matches the filter {:?}", args.filter).into());
     }
-    burn_sketch::backend::set_kernel_policy(match args.policy {
-        Policy::Kernels => KernelPolicy::Kernels,
-        Policy::TensorOps => KernelPolicy::TensorOps,
-        Policy::Autotune => KernelPolicy::Autotune,
-    });
     use burn::backend::{NdArray, Wgpu};
     use half::{bf16, f16};
     let rows = match (args.backend, args.dtype) {
@@ -175,7 +184,19 @@ pub fn run(args: &BenchArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
     )?;
     plots::write_all(&rows, &dir).map_err(|e| format!("cannot draw the plots: {e}"))?;
     if let Some(baseline) = &args.baseline {
-        compare(&rows, baseline)?;
+        let old: Vec<Row> = serde_json::from_str(&std::fs::read_to_string(baseline)?)?;
+        let threshold = args.fail_on_regression.unwrap_or(10.0);
+        let regressions = compare(&rows, &old, threshold);
+        if args.fail_on_regression.is_some() && !regressions.is_empty() {
+            return Err(format!(
+                "{} point(s) regressed by more than {threshold} % against {}: {} (results in {})",
+                regressions.len(),
+                baseline.display(),
+                regressions.join(", "),
+                dir.display()
+            )
+            .into());
+        }
     }
     Ok(dir)
 }
@@ -193,6 +214,7 @@ fn measure_all<B: SketchBackend + DeviceMemory>(
         runs: args.runs,
         dtype: args.dtype,
         device_spec: args.device_model.map(DeviceModel::spec),
+        strategy: args.strategy.burn_sketch(),
     };
     // Hidden when stderr is not a terminal (CI logs), where it would only add noise.
     let progress = ProgressBar::new(points.len() as u64).with_style(
@@ -213,12 +235,13 @@ fn measure_all<B: SketchBackend + DeviceMemory>(
 }
 
 /// Prints, for every point also in `baseline`, the ratio of sketched median times now over
-/// then, flagging growth above 10 %.
-fn compare(rows: &[Row], baseline: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let old: Vec<Row> = serde_json::from_str(&std::fs::read_to_string(baseline)?)?;
+/// then, flagging growth above `threshold_pct`; returns the flagged points' ids.
+fn compare(rows: &[Row], baseline: &[Row], threshold_pct: f64) -> Vec<String> {
+    let limit = 1.0 + threshold_pct / 100.0;
+    let mut regressions = Vec::new();
     println!("| point | fwd now/then | fwd+bwd now/then | |\n|---|---|---|---|");
     for row in rows {
-        let Some(then) = old
+        let Some(then) = baseline
             .iter()
             .find(|o| o.point == row.point && o.backend == row.backend && o.dtype == row.dtype)
         else {
@@ -226,14 +249,14 @@ fn compare(rows: &[Row], baseline: &Path) -> Result<(), Box<dyn std::error::Erro
         };
         let fwd = row.sketch_forward.median_ms / then.sketch_forward.median_ms;
         let train = row.sketch_train.median_ms / then.sketch_train.median_ms;
-        let flag = if fwd > 1.1 || train > 1.1 {
-            "REGRESSION"
-        } else {
-            ""
-        };
+        let regressed = fwd > limit || train > limit;
+        let flag = if regressed { "REGRESSION" } else { "" };
         println!("| {} | {fwd:.2} | {train:.2} | {flag} |", row.point.id());
+        if regressed {
+            regressions.push(row.point.id());
+        }
     }
-    Ok(())
+    regressions
 }
 
 #[cfg(test)]
@@ -248,12 +271,13 @@ mod tests {
             dtype: Dtype::F32,
             device_model: None,
             quick: true,
-            policy: Policy::Kernels,
+            strategy: Strategy::Kernels,
             filter: None,
             warmup: 1,
             runs: 3,
             out: out.path().to_path_buf(),
             baseline: None,
+            fail_on_regression: None,
         };
         let dir = run(&args).unwrap();
         let rows: Vec<Row> =
@@ -308,13 +332,33 @@ mod tests {
         let speedup: f64 = column("forward_speedup").parse().unwrap();
         assert!((speedup - row.forward_speedup()).abs() < 1e-9);
 
-        // Comparing with itself flags nothing and fails on nothing.
+        // Against itself nothing regresses; against a baseline twice as fast, every point does.
+        assert!(compare(&rows, &rows, 10.0).is_empty());
+        let mut faster = rows.clone();
+        for row in &mut faster {
+            row.sketch_forward.median_ms /= 2.0;
+        }
+        assert_eq!(compare(&rows, &faster, 10.0).len(), rows.len());
+        assert!(compare(&rows, &faster, 150.0).is_empty(), "a 2x slowdown is within 150 %");
+
+        // `--fail-on-regression` turns a regression into a failed run (a non-zero exit), and
+        // lets a run within the threshold pass.
+        let faster_path = out.path().join("faster.json");
+        std::fs::write(&faster_path, serde_json::to_string(&faster).unwrap()).unwrap();
         let again = BenchArgs {
-            baseline: Some(dir.join("results.json")),
+            baseline: Some(faster_path),
+            fail_on_regression: Some(10.0),
             out: out.path().join("again"),
-            filter: Some("t1-k16".into()),
+            filter: Some("d1024x1024-t1-k16".into()),
             ..args
         };
-        run(&again).unwrap();
+        let err = run(&again).unwrap_err().to_string();
+        assert!(err.contains("regressed by more than 10 %"), "{err}");
+        let tolerant = BenchArgs {
+            fail_on_regression: Some(1000.0),
+            out: out.path().join("tolerant"),
+            ..again
+        };
+        run(&tolerant).unwrap();
     }
 }

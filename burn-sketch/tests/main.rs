@@ -1,0 +1,11 @@
+//! burn-sketch's integration tests: one binary (each test binary links all of Burn again),
+//! one module per backend, sharing the backend-generic checks of `common`.
+
+mod common;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod finite_differences;
+mod ndarray;
+#[path = "../../testing/own_process.rs"]
+mod own_process;
+mod wgpu;
