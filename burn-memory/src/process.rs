@@ -89,7 +89,8 @@ mod tests {
     #[test]
     fn resident_memory_grows_with_a_touched_buffer() {
         let before = resident_bytes().unwrap();
-        let buffer = vec![1u8; 64 << 20];
+        // `black_box`: in a release build the optimiser would otherwise drop the unused buffer.
+        let buffer = std::hint::black_box(vec![1u8; 64 << 20]);
         let during = resident_bytes().unwrap();
         assert!(during >= before + (60 << 20), "{before} -> {during}");
         drop(buffer);

@@ -210,3 +210,36 @@ impl<B: DeviceMemory> MemoryTracker<B> {
             .unwrap_or_else(|poison| poison.into_inner())
     }
 }
+
+#[cfg(all(test, feature = "ndarray"))]
+mod tests {
+    use burn::backend::NdArray;
+    use burn::tensor::{Distribution, Tensor};
+
+    use super::MemoryTracker;
+
+    /// Without a `CountingAllocator` (this unit-test binary installs none), the tracker on
+    /// NdArray reads the process's resident memory, whose peak sees a touched transient.
+    #[test]
+    fn tracker_reports_resident_memory_without_a_counting_allocator() {
+        let device = Default::default();
+        let tracker = MemoryTracker::<NdArray>::new(&device);
+        // 64 MiB of random f32, every page touched.
+        let (sum, report) = tracker
+            .profile(|| {
+                let x = Tensor::<NdArray, 2>::random(
+                    [4096, 4096],
+                    Distribution::Uniform(0.0, 1.0),
+                    &device,
+                );
+                x.sum().into_scalar()
+            })
+            .unwrap();
+        assert!(sum > 0.0);
+        assert!(crate::heap::counts().is_none(), "no counting allocator here");
+        assert!(
+            report.peak >= report.before.in_use + 60 * 1024 * 1024,
+            "the 64 MiB transient is missing from the peak: {report}"
+        );
+    }
+}

@@ -1,5 +1,5 @@
-//! Batch-size search on NdArray, where the peak is the kernel's exact resident high-water mark.
-//! One test in its own binary: other tests allocating in the same process would move the peak.
+//! Batch-size search on NdArray, where the peak is the binary's exact heap peak. In a process
+//! of its own: other tests allocating in the same process would move the peak.
 
 use burn::backend::NdArray;
 use burn::tensor::{Distribution, Tensor};
@@ -21,6 +21,13 @@ fn step(batch: usize) -> Result<(), TrialFailure> {
 
 #[test]
 fn search_respects_the_budget_and_recovers_from_out_of_memory() {
+    crate::own_process::in_own_process(
+        "batch_search::search_respects_the_budget_and_recovers_from_out_of_memory",
+        budget_and_recovery,
+    );
+}
+
+fn budget_and_recovery() {
     let device = Default::default();
     let base = MemoryTracker::<B>::new(&device).usage().unwrap().in_use;
 

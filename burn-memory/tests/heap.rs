@@ -1,16 +1,22 @@
-//! The tracker on NdArray with a `CountingAllocator` installed: exact heap figures.
+//! The tracker on NdArray with the binary's `CountingAllocator`: exact heap figures, in a
+//! process of their own (other tests' allocations would move them).
 
 use burn::backend::NdArray;
 use burn::tensor::Tensor;
-use burn_memory::{CountingAllocator, MemoryTracker};
+use burn_memory::MemoryTracker;
 
-#[global_allocator]
-static ALLOCATOR: CountingAllocator = CountingAllocator::system();
 
 const MIB: u64 = 1 << 20;
 
 #[test]
 fn heap_counts_are_exact_and_the_peak_sees_a_transient_tensor() {
+    crate::own_process::in_own_process(
+        "heap::heap_counts_are_exact_and_the_peak_sees_a_transient_tensor",
+        exact_heap_counts,
+    );
+}
+
+fn exact_heap_counts() {
     let device = Default::default();
     let tracker = MemoryTracker::<NdArray>::new(&device);
 

@@ -1,4 +1,5 @@
-//! The memory tools on NdArray (process memory) and the logic that does not depend on a device.
+//! The memory tools on NdArray (exact heap bytes: the binary installs `CountingAllocator`) and
+//! the logic that does not depend on a device.
 
 use std::time::{Duration, Instant};
 
@@ -196,24 +197,6 @@ fn half_precision_on_ndarray_is_refused_and_bad_scales_rejected() {
             .unwrap_err();
         assert!(matches!(err, MemoryError::Invalid { .. }), "{err}");
     }
-}
-
-#[test]
-fn tracker_reports_process_memory() {
-    let device = Default::default();
-    let tracker = MemoryTracker::<B>::new(&device);
-    // 64 MiB of random f32, every page touched.
-    let (sum, report) = tracker
-        .profile(|| {
-            let x = Tensor::<B, 2>::random([4096, 4096], Distribution::Uniform(0.0, 1.0), &device);
-            x.sum().into_scalar()
-        })
-        .unwrap();
-    assert!(sum > 0.0);
-    assert!(
-        report.peak >= report.before.in_use + 60 * 1024 * 1024,
-        "the 64 MiB transient is missing from the peak: {report}"
-    );
 }
 
 #[test]
