@@ -190,6 +190,33 @@ impl MixedPrecisionConfig {
     }
 }
 
+/// The state of a mixed-precision run that a training checkpoint keeps
+/// ([`MixedPrecision::record`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MixedPrecisionRecord {
+    /// The loss scale.
+    pub scale: f32,
+    /// Clean steps since the scale last changed (a dynamic scale grows after enough of them).
+    pub clean_steps: u64,
+    /// Steps skipped for non-finite gradients.
+    pub skipped_steps: u64,
+}
+
+/// One line: the compute type, the scale and the skipped steps.
+impl std::fmt::Display for MixedPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let policy = match self.loss_scale {
+            LossScale::Dynamic { .. } => "dynamic",
+            LossScale::Static(_) => "static",
+        };
+        write!(
+            f,
+            "mixed precision {:?}, loss scale {} ({policy}), {} step(s) skipped",
+            self.compute, self.scale, self.skipped_steps
+        )
+    }
+}
+
 /// What [`MixedPrecision::step`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StepOutcome {
@@ -223,6 +250,31 @@ impl MixedPrecision {
     /// How many steps were skipped for non-finite gradients so far.
     pub fn skipped_steps(&self) -> usize {
         self.skipped_steps
+    }
+
+    /// What a training checkpoint keeps of the run: the loss scale and its counters.
+    pub fn record(&self) -> MixedPrecisionRecord {
+        MixedPrecisionRecord {
+            scale: self.scale,
+            clean_steps: self.clean_steps as u64,
+            skipped_steps: self.skipped_steps as u64,
+        }
+    }
+
+    /// Continues the run from a checkpoint's [`record`](Self::record) (the precision and the
+    /// scaling policy stay this run's). A scale that is not finite and positive is refused
+    /// with [`MemoryError::Invalid`], as [`MixedPrecisionConfig::init`] refuses it.
+    pub fn load_record(&mut self, record: MixedPrecisionRecord) -> Result<(), MemoryError> {
+        if !(record.scale.is_finite() && record.scale > 0.0) {
+            return Err(MemoryError::invalid(
+                "recorded loss scale",
+                format!("{}: must be finite and positive", record.scale),
+            ));
+        }
+        self.scale = record.scale;
+        self.clean_steps = record.clean_steps as usize;
+        self.skipped_steps = record.skipped_steps as usize;
+        Ok(())
     }
 
     /// The model with its float parameters cast to the compute type, for the forward pass.

@@ -2,7 +2,7 @@
 //!
 //! Burn 0.21's `Backend` trait has no memory query, so this crate adds one, [`DeviceMemory`],
 //! implemented beside it for every backend family (Rust's orphan rule puts them here):
-//! NdArray reports the process, CubeCL backends (`Wgpu`, `Cuda`) their memory pools, and the
+//! NdArray and Flex report the process, CubeCL backends (`Wgpu`, `Cuda`) their memory pools, and the
 //! `Fusion` and `Autodiff` wrappers the backend they wrap.
 
 use burn::tensor::backend::Backend;
@@ -47,6 +47,19 @@ pub trait DeviceMemory: Backend {
     fn memory_capacity(device: &Self::Device) -> Option<u64>;
 }
 
+/// The process's memory, for CPU backends, whose tensors live on the heap: with a
+/// `CountingAllocator`, in use is the exact heap figure and reserved is what the process holds
+/// from the system (the allocator's caches included); without one, both are resident memory.
+#[cfg(any(feature = "ndarray", feature = "flex"))]
+fn process_usage() -> Result<MemoryUsage, MemoryError> {
+    let resident = crate::process::resident_bytes()?;
+    let in_use = crate::heap::counts().map_or(resident, |(heap, _)| heap);
+    Ok(MemoryUsage {
+        in_use,
+        reserved: resident,
+    })
+}
+
 #[cfg(feature = "ndarray")]
 impl<E, I, Q> DeviceMemory for burn_ndarray::NdArray<E, I, Q>
 where
@@ -60,14 +73,24 @@ where
         _device: &Self::Device,
         _stream: MemoryStream,
     ) -> Result<MemoryUsage, MemoryError> {
-        // With a `CountingAllocator`, in use is the exact heap figure and reserved is what the
-        // process holds from the system (the allocator's caches included).
-        let resident = crate::process::resident_bytes()?;
-        let in_use = crate::heap::counts().map_or(resident, |(heap, _)| heap);
-        Ok(MemoryUsage {
-            in_use,
-            reserved: resident,
-        })
+        process_usage()
+    }
+
+    fn memory_capacity(_device: &Self::Device) -> Option<u64> {
+        Some(crate::process::total_bytes())
+    }
+}
+
+/// Flex, Burn's pure-Rust CPU backend, keeps its tensors on the heap as NdArray does.
+#[cfg(feature = "flex")]
+impl DeviceMemory for burn::backend::Flex {
+    const SOURCE: MemorySource = MemorySource::Process;
+
+    fn memory_usage(
+        _device: &Self::Device,
+        _stream: MemoryStream,
+    ) -> Result<MemoryUsage, MemoryError> {
+        process_usage()
     }
 
     fn memory_capacity(_device: &Self::Device) -> Option<u64> {

@@ -8,7 +8,8 @@
 //!   labelled phases, exported as CSV and plotted (PNG or SVG).
 //! - [`Checkpointing`]: selects Burn's autodiff checkpointing strategy for a training job.
 //! - [`MixedPrecision`]: half-precision forward with f32 master weights and dynamic loss
-//!   scaling that skips steps with non-finite gradients.
+//!   scaling that skips steps with non-finite gradients; [`SharedMixedPrecision`] keeps its
+//!   state in a model, saved with the model's checkpoints.
 //! - [`BatchSizeSearch`]: the largest batch whose whole training step fits a memory budget,
 //!   recovering from out-of-memory failures.
 //! - [`chunked_forward`]: inference over inputs too large for one pass, with bounded memory.
@@ -36,6 +37,7 @@
 //! ```
 
 mod amp;
+mod amp_state;
 mod batch_search;
 mod checkpointing;
 mod chunked;
@@ -50,7 +52,10 @@ mod process;
 mod tracker;
 mod usage;
 
-pub use amp::{LossScale, MixedPrecision, MixedPrecisionConfig, Precision, StepOutcome};
+pub use amp::{
+    LossScale, MixedPrecision, MixedPrecisionConfig, MixedPrecisionRecord, Precision, StepOutcome,
+};
+pub use amp_state::SharedMixedPrecision;
 pub use batch_search::{
     BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, MemoryBudget, Trial, TrialFailure,
     TrialOutcome,
@@ -66,3 +71,11 @@ pub use monitor::{MemoryMonitor, Phase, Sample, Timeline, TimelineStats};
 pub use plot::{PlotFormat, register_plot_font};
 pub use tracker::{MemoryReport, MemoryTracker};
 pub use usage::{Bytes, MemoryUsage};
+
+/// Locks `mutex`, taking over a poisoned lock: every state behind this crate's mutexes is
+/// updated by plain assignments, so a panic elsewhere cannot leave it half-written.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

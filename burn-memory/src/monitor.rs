@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Bytes, DeviceMemory, MemoryError, MemoryTracker, PlotFormat};
+use crate::{Bytes, DeviceMemory, MemoryError, MemoryTracker, PlotFormat, lock};
 
 /// One reading of the device's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -237,8 +237,4 @@ impl Timeline {
             None => "no samples".to_string(),
         }
     }
-}
-
-fn lock(state: &Mutex<Timeline>) -> std::sync::MutexGuard<'_, Timeline> {
-    state.lock().unwrap_or_else(|poison| poison.into_inner())
 }

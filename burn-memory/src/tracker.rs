@@ -205,9 +205,7 @@ impl<B: DeviceMemory> MemoryTracker<B> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, MemoryUsage> {
-        self.peaks
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+        crate::lock(&self.peaks)
     }
 }
 
@@ -236,7 +234,10 @@ mod tests {
             })
             .unwrap();
         assert!(sum > 0.0);
-        assert!(crate::heap::counts().is_none(), "no counting allocator here");
+        assert!(
+            crate::heap::counts().is_none(),
+            "no counting allocator here"
+        );
         assert!(
             report.peak >= report.before.in_use + 60 * 1024 * 1024,
             "the 64 MiB transient is missing from the peak: {report}"

@@ -5,7 +5,6 @@ use burn::backend::NdArray;
 use burn::tensor::Tensor;
 use burn_memory::MemoryTracker;
 
-
 const MIB: u64 = 1 << 20;
 
 #[test]
@@ -54,4 +53,16 @@ fn exact_heap_counts() {
         peak < after_drop + MIB,
         "peak {peak} after reset, in use {after_drop}"
     );
+
+    // Flex keeps its tensors on the same heap, counted the same way.
+    let flex = MemoryTracker::<burn::backend::Flex>::new(&Default::default());
+    let (held, report) = flex
+        .profile(|| Tensor::<burn::backend::Flex, 1>::zeros([8 << 20], &Default::default()))
+        .unwrap();
+    let grown = report.after.in_use - report.before.in_use;
+    assert!(
+        (32 * MIB..32 * MIB + MIB).contains(&grown),
+        "Flex: in use grew by {grown} bytes"
+    );
+    drop(held);
 }

@@ -19,7 +19,9 @@ pub enum KernelError {
         expected: String,
     },
     /// An operand's element type differs from `x`'s, or is not a float type.
-    #[error("sketched linear: `{operand}` is {found:?}, expected {expected:?} (the element type of `x`, a float type)")]
+    #[error(
+        "sketched linear: `{operand}` is {found:?}, expected {expected:?} (the element type of `x`, a float type)"
+    )]
     DType {
         /// The operand's name.
         operand: &'static str,

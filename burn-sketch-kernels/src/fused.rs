@@ -154,7 +154,8 @@ pub fn fused_forward_kernel<F: Float>(
         let mut acc = 0.0f32;
         #[unroll]
         for jt in 0..rank_tiles {
-            w_tile[ty * tile + tx] = load_b::<F>(u1s, s2s, jt * tile + ty, col, d_out, half, low_rank);
+            w_tile[ty * tile + tx] =
+                load_b::<F>(u1s, s2s, jt * tile + ty, col, d_out, half, low_rank);
             sync_cube();
             #[unroll]
             for kk in 0..tile {

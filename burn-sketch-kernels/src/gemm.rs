@@ -345,7 +345,11 @@ impl GemmProblem {
 
     /// Reads and writes through `(lhs, rhs, out)` layouts, whose factor layouts split rank
     /// indices by `low_rank`.
-    pub fn with_layouts(mut self, (lhs, rhs, out): (Layout, Layout, Layout), low_rank: usize) -> Self {
+    pub fn with_layouts(
+        mut self,
+        (lhs, rhs, out): (Layout, Layout, Layout),
+        low_rank: usize,
+    ) -> Self {
         self.lhs_layout = lhs;
         self.rhs_layout = rhs;
         self.out_layout = out;

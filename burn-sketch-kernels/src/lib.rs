@@ -12,7 +12,8 @@
 //!   kernels to.
 //!
 //! All kernels take their element type at launch (`f32`, `f16`, `bf16`, as the device
-//! supports) and accumulate in `f32`.
+//! supports) and accumulate in `f32`. [`forward`] and [`backward`] check their operands'
+//! shapes and element types first and return a [`KernelError`] for any that do not fit.
 
 // No `missing_docs` lint: `#[cube]` generates undocumented companion items for every kernel.
 

@@ -12,7 +12,7 @@ pub struct HostLayer<'a> {
     /// `d_in`.
     pub d_in: usize,
     /// `k`.
-    pub rank: usize,
+    pub low_rank: usize,
     /// `d_out`.
     pub d_out: usize,
     /// `[T, d_in, k]`.
@@ -46,20 +46,20 @@ impl HostLayer<'_> {
     }
 
     fn input_index(&self, t: usize, m: usize, c: usize) -> usize {
-        (t * self.d_in + m) * self.rank + c
+        (t * self.d_in + m) * self.low_rank + c
     }
 
     fn output_index(&self, t: usize, c: usize, o: usize) -> usize {
-        (t * self.rank + c) * self.d_out + o
+        (t * self.low_rank + c) * self.d_out + o
     }
 
     /// `x·F` for an input-side factor: `[n][T][k]`.
     fn project(&self, x: &[f32], rows: usize, factor: &[f32]) -> Vec<f64> {
-        let mut p = vec![0.0; rows * self.terms * self.rank];
+        let mut p = vec![0.0; rows * self.terms * self.low_rank];
         for i in 0..rows {
             for t in 0..self.terms {
-                for c in 0..self.rank {
-                    p[(i * self.terms + t) * self.rank + c] = (0..self.d_in)
+                for c in 0..self.low_rank {
+                    p[(i * self.terms + t) * self.low_rank + c] = (0..self.d_in)
                         .map(|m| {
                             x[i * self.d_in + m] as f64 * factor[self.input_index(t, m, c)] as f64
                         })
@@ -72,17 +72,17 @@ impl HostLayer<'_> {
 
     /// `α·∂y·Gᵀ` for an output-side factor: `[n][T][k]`.
     fn grad_projection(&self, grad_output: &[f32], rows: usize, factor: &[f32]) -> Vec<f64> {
-        let mut p = vec![0.0; rows * self.terms * self.rank];
+        let mut p = vec![0.0; rows * self.terms * self.low_rank];
         for i in 0..rows {
             for t in 0..self.terms {
-                for c in 0..self.rank {
+                for c in 0..self.low_rank {
                     let dot: f64 = (0..self.d_out)
                         .map(|o| {
                             grad_output[i * self.d_out + o] as f64
                                 * factor[self.output_index(t, c, o)] as f64
                         })
                         .sum();
-                    p[(i * self.terms + t) * self.rank + c] = self.alpha() * dot;
+                    p[(i * self.terms + t) * self.low_rank + c] = self.alpha() * dot;
                 }
             }
         }
@@ -98,8 +98,8 @@ impl HostLayer<'_> {
             for o in 0..self.d_out {
                 let mut sum = 0.0f64;
                 for t in 0..self.terms {
-                    for c in 0..self.rank {
-                        let p = (i * self.terms + t) * self.rank + c;
+                    for c in 0..self.low_rank {
+                        let p = (i * self.terms + t) * self.low_rank + c;
                         sum += p1[p] * self.u1s[self.output_index(t, c, o)] as f64
                             + p2[p] * self.s2s[self.output_index(t, c, o)] as f64;
                     }
@@ -113,7 +113,7 @@ impl HostLayer<'_> {
 
     /// Every gradient of [`forward`](Self::forward) given `∂y` (`[rows, d_out]`).
     pub fn backward(&self, x: &[f32], rows: usize, grad_output: &[f32]) -> HostGradients {
-        let (terms, d_in, rank, d_out) = (self.terms, self.d_in, self.rank, self.d_out);
+        let (terms, d_in, rank, d_out) = (self.terms, self.d_in, self.low_rank, self.d_out);
         let grad_p1 = self.grad_projection(grad_output, rows, self.u1s);
         let grad_p2 = self.grad_projection(grad_output, rows, self.s2s);
         let p1 = self.project(x, rows, self.s1s);

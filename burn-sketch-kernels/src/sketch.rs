@@ -84,7 +84,11 @@ impl<R: CubeRuntime> SketchWeights<R> {
         let s1s = self.s1s.meta.shape().to_vec();
         let s2s = self.s2s.meta.shape().to_vec();
         let (&[terms, d_in, low_rank], &[_, _, d_out]) = (s1s.as_slice(), s2s.as_slice()) else {
-            let (operand, found) = if s1s.len() != 3 { ("s1s", s1s) } else { ("s2s", s2s) };
+            let (operand, found) = if s1s.len() != 3 {
+                ("s1s", s1s)
+            } else {
+                ("s2s", s2s)
+            };
             return Err(KernelError::Shape {
                 operand,
                 found,
@@ -101,7 +105,11 @@ impl<R: CubeRuntime> SketchWeights<R> {
         let input = [terms, d_in, low_rank];
         let output = [terms, low_rank, d_out];
         for (operand, tensor) in self.named() {
-            let expected = if matches!(operand, "s1s" | "u2s") { &input } else { &output };
+            let expected = if matches!(operand, "s1s" | "u2s") {
+                &input
+            } else {
+                &output
+            };
             check_shape(operand, tensor, expected)?;
         }
         Ok(Dims {
@@ -332,7 +340,14 @@ pub fn forward_with<R: CubeRuntime>(
                 dims.low_rank,
             );
             let input_side = (&weights.s1s, &weights.u2s);
-            gemm_concat(&problem, &x, input_side, (Concat::Cols, dims.half()), None, &p);
+            gemm_concat(
+                &problem,
+                &x,
+                input_side,
+                (Concat::Cols, dims.half()),
+                None,
+                &p,
+            );
             let problem = GemmProblem::new(rows, dims.d_out, width)
                 .with_layouts(
                     (Layout::RowMajor, Layout::OutputFactor, Layout::RowMajor),
@@ -372,7 +387,10 @@ pub fn backward<R: CubeRuntime>(
     let grad_p = |factor: &CubeTensor<R>| {
         let out = empty(&x, Shape::new([rows, half]), dtype);
         let problem = GemmProblem::new(rows, half, dims.d_out)
-            .with_layouts((Layout::RowMajor, Layout::OutputFactorT, Layout::RowMajor), k)
+            .with_layouts(
+                (Layout::RowMajor, Layout::OutputFactorT, Layout::RowMajor),
+                k,
+            )
             .with_alpha(alpha);
         gemm(&problem, (&grad_output, factor), None, None, &out);
         out
@@ -384,8 +402,10 @@ pub fn backward<R: CubeRuntime>(
     let grad_x = match (wanted.x, &grad_p1, &grad_p2) {
         (true, Some(grad_p1), Some(grad_p2)) => {
             let out = empty(&x, Shape::new([rows, dims.d_in]), dtype);
-            let problem = GemmProblem::new(rows, dims.d_in, half)
-                .with_layouts((Layout::RowMajor, Layout::InputFactorT, Layout::RowMajor), k);
+            let problem = GemmProblem::new(rows, dims.d_in, half).with_layouts(
+                (Layout::RowMajor, Layout::InputFactorT, Layout::RowMajor),
+                k,
+            );
             let second = Some((grad_p2, &weights.u2s));
             gemm(&problem, (grad_p1, &weights.s1s), second, None, &out);
             Some(out)
@@ -396,20 +416,31 @@ pub fn backward<R: CubeRuntime>(
     // Input-side factor gradients: xᵀ·∂P_h, written as `[T, d_in, k]`.
     let input_factor_grad = |grad_p: &CubeTensor<R>| {
         let out = empty(&x, Shape::new([dims.terms, dims.d_in, k]), dtype);
-        let problem = GemmProblem::new(dims.d_in, half, rows)
-            .with_layouts((Layout::Transposed, Layout::RowMajor, Layout::InputFactor), k);
+        let problem = GemmProblem::new(dims.d_in, half, rows).with_layouts(
+            (Layout::Transposed, Layout::RowMajor, Layout::InputFactor),
+            k,
+        );
         gemm(&problem, (&x, grad_p), None, None, &out);
         out
     };
-    let grad_s1s = grad_p1.as_ref().filter(|_| wanted.s1s).map(input_factor_grad);
-    let grad_u2s = grad_p2.as_ref().filter(|_| wanted.u2s).map(input_factor_grad);
+    let grad_s1s = grad_p1
+        .as_ref()
+        .filter(|_| wanted.s1s)
+        .map(input_factor_grad);
+    let grad_u2s = grad_p2
+        .as_ref()
+        .filter(|_| wanted.u2s)
+        .map(input_factor_grad);
 
     // Output-side factor gradients: α·P_hᵀ·∂y with P_h recomputed, written as `[T, k, d_out]`.
     let output_factor_grad = |input_factor: &CubeTensor<R>| {
         let p = project(&x, input_factor, dims);
         let out = empty(&x, Shape::new([dims.terms, k, dims.d_out]), dtype);
         let problem = GemmProblem::new(half, dims.d_out, rows)
-            .with_layouts((Layout::Transposed, Layout::RowMajor, Layout::OutputFactor), k)
+            .with_layouts(
+                (Layout::Transposed, Layout::RowMajor, Layout::OutputFactor),
+                k,
+            )
             .with_alpha(alpha);
         gemm(&problem, (&p, &grad_output), None, None, &out);
         out

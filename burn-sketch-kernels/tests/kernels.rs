@@ -129,7 +129,7 @@ impl Case {
         HostLayer {
             terms: self.terms,
             d_in: self.d_in,
-            rank: self.rank,
+            low_rank: self.rank,
             d_out: self.d_out,
             s1s: &data.s1s,
             s2s: &data.s2s,
@@ -287,7 +287,13 @@ fn backward_matches_reference() {
         let expected = case.host(&data).backward(&data.x, case.rows, &data.grad);
         let x = upload(&data.x, &[case.rows, case.d_in], DType::F32);
         let grad = upload(&data.grad, &[case.rows, case.d_out], DType::F32);
-        let grads = backward(x, &case.factors(&data, DType::F32), grad, WantedGradients::ALL).unwrap();
+        let grads = backward(
+            x,
+            &case.factors(&data, DType::F32),
+            grad,
+            WantedGradients::ALL,
+        )
+        .unwrap();
         let name = case.name();
         for (actual, expected, what) in [
             (grads.x, &expected.x, "∂x"),
@@ -359,13 +365,15 @@ fn transposed_input_is_read_in_place() {
     assert!(!x.is_contiguous(), "the test needs a strided input");
     let bias = upload(&data.bias, &[case.d_out], DType::F32);
     for path in [ForwardPath::Tiled, ForwardPath::Fused { column_groups: 2 }] {
-        let actual = download(forward_with(
-            x.clone(),
-            &case.factors(&data, DType::F32),
-            Some(bias.clone()),
-            path,
-        )
-        .unwrap());
+        let actual = download(
+            forward_with(
+                x.clone(),
+                &case.factors(&data, DType::F32),
+                Some(bias.clone()),
+                path,
+            )
+            .unwrap(),
+        );
         assert_close(&actual, &expected, 1e-4, &format!("strided x, {path:?}"));
     }
 }
@@ -420,7 +428,10 @@ fn f16_accumulates_in_f32() {
 /// wgpu has no bf16 (lavapipe, the CI driver, has none), so this runs with `--features cuda`
 /// only; elsewhere the harness lists it as ignored rather than passed.
 #[test]
-#[cfg_attr(not(feature = "cuda"), ignore = "wgpu devices have no bf16; runs with --features cuda")]
+#[cfg_attr(
+    not(feature = "cuda"),
+    ignore = "wgpu devices have no bf16; runs with --features cuda"
+)]
 fn bf16_accumulates_in_f32() {
     half_precision_accumulates_in_f32(DType::BF16, 3e-2);
 }
@@ -444,23 +455,38 @@ fn launchers_refuse_mismatched_operands() {
 
     let narrow = upload(&data.x[..case.rows * 8], &[case.rows, 8], DType::F32);
     match forward(narrow, &weights, None) {
-        Err(KernelError::Shape { operand: "x", found, .. }) => assert_eq!(found, vec![4, 8]),
+        Err(KernelError::Shape {
+            operand: "x",
+            found,
+            ..
+        }) => assert_eq!(found, vec![4, 8]),
         other => panic!("x of the wrong width: {other:?}"),
     }
     let mut swapped = weights.clone();
     swapped.u1s = weights.u2s.clone();
     match forward(x.clone(), &swapped, None) {
-        Err(KernelError::Shape { operand: "u1s", found, .. }) => assert_eq!(found, vec![2, 9, 3]),
+        Err(KernelError::Shape {
+            operand: "u1s",
+            found,
+            ..
+        }) => assert_eq!(found, vec![2, 9, 3]),
         other => panic!("u1s in u2s's shape: {other:?}"),
     }
     let short_bias = upload(&data.bias[..5], &[5], DType::F32);
     assert!(matches!(
         forward(x.clone(), &weights, Some(short_bias)),
-        Err(KernelError::Shape { operand: "bias", .. })
+        Err(KernelError::Shape {
+            operand: "bias",
+            ..
+        })
     ));
     let half_bias = upload(&data.bias, &[case.d_out], DType::F16);
     match forward(x.clone(), &weights, Some(half_bias)) {
-        Err(KernelError::DType { operand, found, expected }) => {
+        Err(KernelError::DType {
+            operand,
+            found,
+            expected,
+        }) => {
             assert_eq!((operand, found, expected), ("bias", DType::F16, DType::F32));
         }
         other => panic!("an f16 bias with f32 weights: {other:?}"),
@@ -468,12 +494,27 @@ fn launchers_refuse_mismatched_operands() {
     let short_grad = upload(&data.grad[..6], &[1, 6], DType::F32);
     assert!(matches!(
         backward(x.clone(), &weights, short_grad, WantedGradients::ALL),
-        Err(KernelError::Shape { operand: "grad_output", .. })
+        Err(KernelError::Shape {
+            operand: "grad_output",
+            ..
+        })
     ));
-    let wide = Case { terms: 8, rank: 17, ..case };
+    let wide = Case {
+        terms: 8,
+        rank: 17,
+        ..case
+    };
     let wide_data = wide.data(12);
-    match forward_with(x, &wide.factors(&wide_data, DType::F32), Some(bias), ForwardPath::Fused { column_groups: 1 }) {
-        Err(KernelError::FusedRankTooWide { rank: 272, max: 256 }) => {}
+    match forward_with(
+        x,
+        &wide.factors(&wide_data, DType::F32),
+        Some(bias),
+        ForwardPath::Fused { column_groups: 1 },
+    ) {
+        Err(KernelError::FusedRankTooWide {
+            rank: 272,
+            max: 256,
+        }) => {}
         other => panic!("a fused forward of rank 272: {other:?}"),
     }
 }

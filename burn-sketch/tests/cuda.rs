@@ -55,5 +55,9 @@ fn kernels_match_tensor_ops() {
 
 #[test]
 fn training_step_matches_ndarray() {
-    common::training_step_matches::<Autodiff<NdArray>, AB>(&NdArrayDevice::default(), &device(), KERNELS);
+    common::training_step_matches::<Autodiff<NdArray>, AB>(
+        &NdArrayDevice::default(),
+        &device(),
+        KERNELS,
+    );
 }

@@ -5,6 +5,7 @@ mod common;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod finite_differences;
+mod flex;
 mod ndarray;
 #[path = "../../testing/own_process.rs"]
 mod own_process;

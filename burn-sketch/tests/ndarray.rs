@@ -71,7 +71,8 @@ fn backend_path_takes_strided_inputs_and_partial_gradients() {
         },
         none,
     ] {
-        let actual = B::sketched_linear_backward(x.clone(), layer.weights(), g.clone(), wanted, STRATEGY);
+        let actual =
+            B::sketched_linear_backward(x.clone(), layer.weights(), g.clone(), wanted, STRATEGY);
         let expected =
             tensor_ops::sketched_linear_backward(x.clone(), layer.weights(), g.clone(), wanted);
         let what = format!("{wanted:?}");

@@ -58,5 +58,22 @@ fn kernels_match_tensor_ops() {
 
 #[test]
 fn training_step_matches_ndarray() {
-    common::training_step_matches::<Autodiff<NdArray>, AB>(&NdArrayDevice::default(), &device(), KERNELS);
+    common::training_step_matches::<Autodiff<NdArray>, AB>(
+        &NdArrayDevice::default(),
+        &device(),
+        KERNELS,
+    );
+}
+
+/// Under the default strategy CubeCL's autotuner times the kernels against the tensor-op path
+/// (Burn's matmuls, themselves autotuned) per shape class and keeps the faster: whichever it
+/// keeps, forward, backward and a training step give the tensor-op path's numbers.
+#[test]
+fn autotuned_layer_matches_tensor_ops() {
+    common::backend_path_matches_tensor_ops::<B>(&device(), KernelStrategy::Autotune);
+    common::training_step_matches::<Autodiff<NdArray>, AB>(
+        &NdArrayDevice::default(),
+        &device(),
+        KernelStrategy::Autotune,
+    );
 }

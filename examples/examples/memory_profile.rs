@@ -6,6 +6,7 @@
 //! ```text
 //! cargo run --release -p examples --example memory_profile                      # NdArray
 //! cargo run --release -p examples --example memory_profile -- --backend wgpu --batch 1024
+//! cargo run --release -p examples --features cuda --example memory_profile -- --backend cuda
 //! ```
 //!
 //! On NdArray the measured figures are exact heap bytes: this program installs burn-memory's
@@ -15,13 +16,14 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use burn::backend::{Autodiff, NdArray, Wgpu};
+use burn::backend::Autodiff;
 use burn::module::Module;
 use burn::nn::LinearConfig;
 use burn::tensor::{Distribution, Tensor};
 use burn_memory::{CountingAllocator, DeviceMemory, MemoryTracker};
 use burn_sketch::{SkLinearConfig, SketchBackend};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use examples::backend::BackendKind;
 use plotters::prelude::*;
 
 #[global_allocator]
@@ -32,14 +34,6 @@ const LAYERS: [(usize, usize, usize); 3] =
     [(1024, 512, 256), (2048, 1024, 512), (4096, 2048, 1024)];
 const MB: f64 = 1e6;
 const F32: usize = 4;
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum BackendKind {
-    /// CPU, through ndarray (exact heap figures).
-    Ndarray,
-    /// GPU (or a CPU Vulkan driver), through wgpu.
-    Wgpu,
-}
 
 #[derive(Debug, Parser)]
 #[command(about = "Memory of dense against sketched linear layers")]
@@ -76,16 +70,13 @@ struct Profile {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let name = format!("{:?}", args.backend).to_lowercase();
+    let name = args.backend.name();
     let out = args
         .out
         .clone()
-        .unwrap_or_else(|| PathBuf::from("target/memory_profile").join(&name));
+        .unwrap_or_else(|| PathBuf::from("target/memory_profile").join(name));
     std::fs::create_dir_all(&out)?;
-    let profiles = match args.backend {
-        BackendKind::Ndarray => measure_all::<NdArray>(args.batch)?,
-        BackendKind::Wgpu => measure_all::<Wgpu>(args.batch)?,
-    };
+    let profiles = examples::with_backend!(args.backend, |B| measure_all::<B>(args.batch)?);
 
     let table = markdown(&profiles, args.batch);
     println!("{table}");
@@ -95,7 +86,7 @@ fn main() -> anyhow::Result<()> {
         plot(
             &profiles,
             &out.join(format!("memory.{ext}")),
-            &name,
+            name,
             args.batch,
         )?;
     }

@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --release -p examples --example memory_tools                  # NdArray (CPU)
 //! cargo run --release -p examples --example memory_tools -- --backend wgpu
+//! cargo run --release -p examples --features cuda --example memory_tools -- --backend cuda
 //! ```
 //!
 //! Files go to `target/memory_tools/<backend>/`.
@@ -12,8 +13,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn::backend::{Autodiff, NdArray, Wgpu};
 use burn::module::{AutodiffModule, Module};
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
@@ -23,17 +24,12 @@ use burn_memory::{
     BatchSizeSearchConfig, Bytes, Checkpointing, DeviceMemory, MemoryBudget, MemoryMonitor,
     MemoryTracker, MixedPrecisionConfig, Precision, WithAutodiff, chunked_forward,
 };
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use examples::backend::BackendKind;
 
 /// On NdArray, memory figures are exact heap bytes rather than the process's resident memory.
 #[global_allocator]
 static ALLOCATOR: burn_memory::CountingAllocator = burn_memory::CountingAllocator::system();
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum BackendKind {
-    Ndarray,
-    Wgpu,
-}
 
 #[derive(Debug, Parser)]
 #[command(about = "Run and measure burn-memory's tools")]
@@ -76,10 +72,7 @@ const BATCH: usize = 1024;
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    match args.backend {
-        BackendKind::Ndarray => run::<NdArray>("ndarray", args.out),
-        BackendKind::Wgpu => run::<Wgpu>("wgpu", args.out),
-    }
+    examples::with_backend!(args.backend, |B| run::<B>(args.backend.name(), args.out))
 }
 
 fn run<B: DeviceMemory>(name: &str, out: Option<PathBuf>) -> anyhow::Result<()> {

@@ -8,6 +8,7 @@
 //! cargo run --release -p examples --example train_mnist -- --epochs 12 --resume
 //! cargo run --release -p examples --example train_mnist -- --auto-batch 400 --checkpointing
 //! cargo run --release -p examples --example train_mnist -- --backend wgpu --amp f16
+//! cargo run --release -p examples --features cuda --example train_mnist -- --backend cuda
 //! ```
 //!
 //! The data is the 10,000-digit sample embedded in `examples/data/mnist10k` (8,000 train,
@@ -17,10 +18,11 @@
 
 use std::path::PathBuf;
 
+use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
-use burn::backend::{Autodiff, NdArray, Wgpu};
 use burn_memory::Precision;
 use clap::{Parser, ValueEnum};
+use examples::backend::BackendKind;
 use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
 use examples::training::{TrainingConfig, describe, train};
@@ -31,14 +33,6 @@ use examples::training::{TrainingConfig, describe, train};
 #[global_allocator]
 static ALLOCATOR: burn_memory::CountingAllocator<mimalloc::MiMalloc> =
     burn_memory::CountingAllocator::new(mimalloc::MiMalloc);
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum BackendKind {
-    /// CPU, through ndarray.
-    Ndarray,
-    /// GPU (or a CPU Vulkan driver), through wgpu.
-    Wgpu,
-}
 
 #[derive(Debug, Parser)]
 #[command(about = "Train an MNIST MLP with sketched hidden layers")]
@@ -125,29 +119,15 @@ fn main() -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("target/train_mnist").join(kind));
 
-    let device = Default::default();
-    let report = match (args.backend, args.checkpointing) {
-        (BackendKind::Ndarray, false) => {
-            train::<Autodiff<NdArray>>(&config, &data, &dir, args.resume, &device)?
+    let report = examples::with_backend!(args.backend, |B| {
+        let device = Default::default();
+        if args.checkpointing {
+            type Balanced = Autodiff<B, BalancedCheckpointing>;
+            train::<Balanced>(&config, &data, &dir, args.resume, &device)?
+        } else {
+            train::<Autodiff<B>>(&config, &data, &dir, args.resume, &device)?
         }
-        (BackendKind::Ndarray, true) => train::<Autodiff<NdArray, BalancedCheckpointing>>(
-            &config,
-            &data,
-            &dir,
-            args.resume,
-            &device,
-        )?,
-        (BackendKind::Wgpu, false) => {
-            train::<Autodiff<Wgpu>>(&config, &data, &dir, args.resume, &Default::default())?
-        }
-        (BackendKind::Wgpu, true) => train::<Autodiff<Wgpu, BalancedCheckpointing>>(
-            &config,
-            &data,
-            &dir,
-            args.resume,
-            &Default::default(),
-        )?,
-    };
+    });
     println!("model:                    {}", describe(&config.model));
     println!(
         "test accuracy:            {:.2}%",

@@ -1,6 +1,8 @@
 //! Shared pieces of the burn-sketch examples: the MNIST data and the MLP they train.
 
+pub mod backend;
 pub mod data;
 pub mod mlp;
 pub mod mnist;
+pub mod progress;
 pub mod training;

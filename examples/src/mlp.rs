@@ -1,7 +1,5 @@
 //! The MLP classifier the examples train, with sketched or dense hidden layers.
 
-use std::sync::{Arc, Mutex};
-
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
@@ -11,7 +9,7 @@ use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor};
 use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
-use burn_memory::MixedPrecision;
+use burn_memory::{MixedPrecision, SharedMixedPrecision};
 use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
 
 use crate::data::DigitBatch;
@@ -46,10 +44,10 @@ pub struct Mlp<B: Backend> {
     sketched: Vec<SkLinear<B>>,
     dense: Vec<Linear<B>>,
     output: Linear<B>,
-    /// Mixed-precision training state, shared by the model's copies: the learner's
-    /// `TrainStep` takes `&self`, yet the loss scale must change between steps.
-    #[module(skip)]
-    amp: Option<Arc<Mutex<MixedPrecision>>>,
+    /// Mixed-precision training state, shared by the model's copies (the learner's
+    /// `TrainStep` takes `&self`, yet the loss scale changes between steps) and saved with its
+    /// checkpoints.
+    amp: SharedMixedPrecision<B>,
 }
 
 impl MlpConfig {
@@ -73,7 +71,7 @@ impl MlpConfig {
             sketched,
             dense,
             output: LinearConfig::new(last, self.classes).init(device),
-            amp: None,
+            amp: SharedMixedPrecision::none(),
         }
     }
 }
@@ -132,13 +130,13 @@ impl<B: Backend> Mlp<B> {
     /// The model trained with mixed precision: its training steps run forward and backward in
     /// `amp`'s compute type over the f32 weights, with loss scaling (burn-memory).
     pub fn with_amp(mut self, amp: MixedPrecision) -> Self {
-        self.amp = Some(Arc::new(Mutex::new(amp)));
+        self.amp = SharedMixedPrecision::new(amp);
         self
     }
 
     /// The mixed-precision state (current loss scale, skipped steps), if training uses it.
     pub fn amp(&self) -> Option<MixedPrecision> {
-        self.amp.as_ref().map(|amp| lock(amp).clone())
+        self.amp.get()
     }
 
     /// Trainable parameters of the hidden layers, the part that sketching shrinks.
@@ -184,11 +182,10 @@ where
     type Output = ClassificationOutput<B>;
 
     fn step(&self, batch: DigitBatch<B>) -> TrainOutput<ClassificationOutput<B>> {
-        let Some(amp) = &self.amp else {
+        let Some(mut amp) = self.amp.lock() else {
             let item = self.forward_classification(batch);
             return TrainOutput::new(self, item.loss.backward(), item);
         };
-        let mut amp = lock(amp);
         // Forward and backward in the compute type; logits back in f32 for a stable loss.
         let logits = amp
             .cast_module(self)
@@ -201,12 +198,6 @@ where
         let grads = amp.unscale(self, scaled).unwrap_or_default();
         TrainOutput { grads, item }
     }
-}
-
-/// The lock of the shared mixed-precision state; a panic elsewhere cannot corrupt it (each
-/// update is a few scalar assignments), so a poisoned lock is taken over.
-fn lock(amp: &Mutex<MixedPrecision>) -> std::sync::MutexGuard<'_, MixedPrecision> {
-    amp.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl<B: SketchBackend> InferenceStep for Mlp<B> {

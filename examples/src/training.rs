@@ -1,8 +1,9 @@
 //! The MNIST training run behind the `train_mnist` example, driven by burn-train: its
 //! `SupervisedTraining` loop, metrics (loss, accuracy, CPU memory and use) on the TUI dashboard
-//! (plain progress lines when stdout is not a terminal), and a file checkpoint each epoch that
-//! `resume` continues from.
+//! (one line per epoch when stdout is not a terminal), and a file checkpoint each epoch that
+//! `resume` continues from (the model, the optimizer and the mixed-precision state).
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -26,6 +27,7 @@ use burn_sketch::SketchBackend;
 use crate::data::{DigitBatch, DigitBatcher, DigitDataset};
 use crate::mlp::{Mlp, MlpConfig};
 use crate::mnist::{IdxError, Mnist};
+use crate::progress::EpochLines;
 
 /// What a training run is asked to do.
 #[derive(Config, Debug)]
@@ -202,6 +204,11 @@ where
         .summary();
     if resumed_from > 0 {
         training = training.checkpoint(resumed_from);
+    }
+    // burn-train's dashboard on a terminal; elsewhere one line per epoch instead of its
+    // fallback's debug structure per iteration.
+    if !std::io::stdout().is_terminal() {
+        training = training.renderer(EpochLines::stdout());
     }
     tracing::info!(
         "training {} for {} epochs (from epoch {resumed_from}), run directory {}",

@@ -126,3 +126,58 @@ fn mixed_precision_steps_unscale_or_skip() {
         .into_data()
         .assert_eq(&before, true);
 }
+
+/// Under mixed precision, the loss scale and its counters are part of the model's record: the
+/// learner's checkpoints hold them and `resume` continues from them instead of starting over.
+#[test]
+fn mixed_precision_state_is_checkpointed_and_resumed() {
+    use burn::module::Module;
+    use burn::record::DefaultRecorder;
+    use burn_memory::MixedPrecisionRecord;
+
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let data = Mnist::embedded_dir();
+    let device = Default::default();
+    let model = MlpConfig::new().with_hidden(vec![16]).with_low_rank(4);
+    // 256 digits in batches of 32: 8 steps an epoch. NdArray computes in f32, so the run is
+    // f32 with a static scale of 1, whose clean-step count grows by one a step.
+    let config = TrainingConfig::new(model.clone())
+        .with_epochs(1)
+        .with_batch_size(32)
+        .with_train_limit(Some(256))
+        .with_seed(5)
+        .with_amp(Some(Precision::F32));
+    let first = train::<B>(&config, &data, &run, false, &device).unwrap();
+    let expected = MixedPrecisionRecord {
+        scale: 1.0,
+        clean_steps: 8,
+        skipped_steps: 0,
+    };
+    assert_eq!(first.amp.unwrap().record(), expected);
+
+    // The checkpoint holds the state: a model with a fresh dynamic scale loads it.
+    let fresh = MixedPrecisionConfig::new()
+        .with_compute(Precision::F32)
+        .init::<B>(&device)
+        .unwrap();
+    assert_eq!(fresh.scale(), 65536.0);
+    let checkpoint = checkpoint_path(&run, 1).with_extension("");
+    let loaded = model
+        .init::<B>(&device)
+        .with_amp(fresh)
+        .load_file(checkpoint, &DefaultRecorder::new(), &device)
+        .unwrap();
+    assert_eq!(loaded.amp().unwrap().record(), expected);
+    // One readable line in the model's summary, not the debug form of a mutex.
+    let summary = loaded.to_string();
+    assert!(
+        summary.contains("loss scale 1 (dynamic), 0 step(s) skipped") && !summary.contains("Mutex"),
+        "{summary}"
+    );
+
+    // Resuming continues the count: 16 clean steps after the second epoch, not 8.
+    let second = train::<B>(&config.with_epochs(2), &data, &run, true, &device).unwrap();
+    assert_eq!(second.resumed_from, 1);
+    assert_eq!(second.amp.unwrap().record().clean_steps, 16);
+}

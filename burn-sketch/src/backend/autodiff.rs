@@ -8,8 +8,8 @@
 //! weights (which exist anyway), recomputes `P` in the backward, and runs fused kernels on
 //! CubeCL backends in both directions.
 
-use burn::tensor::ops::FloatTensor;
 use burn::tensor::Tensor;
+use burn::tensor::ops::FloatTensor;
 use burn_autodiff::Autodiff;
 use burn_autodiff::NodeId;
 use burn_autodiff::checkpoint::base::Checkpointer;
@@ -111,7 +111,8 @@ impl<B: SketchBackend, const N: usize> Backward<B, N> for SketchedLinearBackward
 
         let wanted = WantedGradients::from_array(std::array::from_fn(|i| parents[i].is_some()));
         let weights = SketchWeights::from_primitives([s1s, s2s, u1s, u2s]);
-        let result = B::sketched_linear_backward(float(x), weights, grad_output, wanted, self.strategy);
+        let result =
+            B::sketched_linear_backward(float(x), weights, grad_output, wanted, self.strategy);
         for (parent, grad) in parents.iter().zip(result.into_primitives()) {
             if let (Some(node), Some(grad)) = (parent, grad) {
                 grads.register::<B>(node.id, grad);

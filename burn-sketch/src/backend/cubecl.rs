@@ -52,7 +52,11 @@ impl SketchAutotuneKey {
     }
 }
 
-type ForwardInputs<R> = (CubeTensor<R>, kernels::SketchWeights<R>, Option<CubeTensor<R>>);
+type ForwardInputs<R> = (
+    CubeTensor<R>,
+    kernels::SketchWeights<R>,
+    Option<CubeTensor<R>>,
+);
 type BackwardInputs<R> = (
     CubeTensor<R>,
     kernels::SketchWeights<R>,
@@ -74,17 +78,29 @@ where
             ..SketchAutotuneKey::of(x, weights)
         };
         TunableSet::<_, ForwardInputs<R>, _>::new_cloning_inputs(key)
-            .with(Tunable::new("sketch_kernels", |(x, weights, bias): ForwardInputs<R>| {
-                kernels::forward(x, &weights, bias).map_err(|err| err.to_string())
-            }))
-            .with(Tunable::new("tensor_ops", |(x, weights, bias): ForwardInputs<R>| {
-                let weights = SketchWeights::<Cube<R, F, I, BT>>::from_primitives(cube_array(weights));
-                let output = tensor_ops::sketched_linear(float(x), weights, bias.map(float));
-                Ok::<_, String>(output.into_primitive().tensor())
-            }))
+            .with(Tunable::new(
+                "sketch_kernels",
+                |(x, weights, bias): ForwardInputs<R>| {
+                    kernels::forward(x, &weights, bias).map_err(|err| err.to_string())
+                },
+            ))
+            .with(Tunable::new(
+                "tensor_ops",
+                |(x, weights, bias): ForwardInputs<R>| {
+                    let weights =
+                        SketchWeights::<Cube<R, F, I, BT>>::from_primitives(cube_array(weights));
+                    let output = tensor_ops::sketched_linear(float(x), weights, bias.map(float));
+                    Ok::<_, String>(output.into_primitive().tensor())
+                },
+            ))
     });
     let (client, device) = (inputs.0.client.clone(), inputs.0.device.clone());
-    TUNER.execute(&CubeTuneId::new(&client, &device), &client, tunables, inputs)
+    TUNER.execute(
+        &CubeTuneId::new(&client, &device),
+        &client,
+        tunables,
+        inputs,
+    )
 }
 
 fn autotuned_backward<R, F, I, BT>(inputs: BackwardInputs<R>) -> SketchGradients<Cube<R, F, I, BT>>
@@ -101,23 +117,32 @@ where
             ..SketchAutotuneKey::of(x, weights)
         };
         TunableSet::<_, BackwardInputs<R>, _>::new_cloning_inputs(key)
-            .with(Tunable::new("sketch_kernels", |inputs: BackwardInputs<R>| {
-                kernel_gradients(inputs).map_err(|err| err.to_string())
-            }))
-            .with(Tunable::new("tensor_ops", |(x, weights, grad_output, wanted): BackwardInputs<R>| {
-                let weights = SketchWeights::<Cube<R, F, I, BT>>::from_primitives(cube_array(weights));
-                let grads = tensor_ops::sketched_linear_backward(
-                    float(x),
-                    weights,
-                    float(grad_output),
-                    wanted,
-                );
-                Ok::<_, String>(Gradients(grads.into_primitives()))
-            }))
+            .with(Tunable::new(
+                "sketch_kernels",
+                |inputs: BackwardInputs<R>| kernel_gradients(inputs).map_err(|err| err.to_string()),
+            ))
+            .with(Tunable::new(
+                "tensor_ops",
+                |(x, weights, grad_output, wanted): BackwardInputs<R>| {
+                    let weights =
+                        SketchWeights::<Cube<R, F, I, BT>>::from_primitives(cube_array(weights));
+                    let grads = tensor_ops::sketched_linear_backward(
+                        float(x),
+                        weights,
+                        float(grad_output),
+                        wanted,
+                    );
+                    Ok::<_, String>(Gradients(grads.into_primitives()))
+                },
+            ))
     });
     let (client, device) = (inputs.0.client.clone(), inputs.0.device.clone());
-    let Gradients(grads) =
-        TUNER.execute(&CubeTuneId::new(&client, &device), &client, tunables, inputs);
+    let Gradients(grads) = TUNER.execute(
+        &CubeTuneId::new(&client, &device),
+        &client,
+        tunables,
+        inputs,
+    );
     SketchGradients::from_primitives(grads)
 }
 
@@ -130,7 +155,9 @@ fn cube_array<R: CubeRuntime>(weights: kernels::SketchWeights<R>) -> [CubeTensor
     [weights.s1s, weights.s2s, weights.u1s, weights.u2s]
 }
 
-fn kernel_weights<R, F, I, BT>(weights: SketchWeights<Cube<R, F, I, BT>>) -> kernels::SketchWeights<R>
+fn kernel_weights<R, F, I, BT>(
+    weights: SketchWeights<Cube<R, F, I, BT>>,
+) -> kernels::SketchWeights<R>
 where
     R: CubeRuntime,
     F: FloatElement,
@@ -152,13 +179,17 @@ fn kernel_gradients<R: CubeRuntime>(
         u2s: wanted.u2s,
     };
     let grads = kernels::backward(x, &weights, grad_output, wanted)?;
-    Ok(Gradients([grads.x, grads.s1s, grads.s2s, grads.u1s, grads.u2s]))
+    Ok(Gradients([
+        grads.x, grads.s1s, grads.s2s, grads.u1s, grads.u2s,
+    ]))
 }
 
 /// The kernels refuse only operands that do not fit together, which `SketchBackend`'s
 /// callers rule out (`SkLinear` checks its input's width); a refusal here is a bug.
 fn expect_fits<T>(result: Result<T, kernels::KernelError>) -> T {
-    result.unwrap_or_else(|err| panic!("burn-sketch: the sketch kernels refused their operands: {err}"))
+    result.unwrap_or_else(|err| {
+        panic!("burn-sketch: the sketch kernels refused their operands: {err}")
+    })
 }
 
 impl<R, F, I, BT> SketchBackend for CubeBackend<R, F, I, BT>

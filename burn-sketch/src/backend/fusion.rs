@@ -153,7 +153,8 @@ impl<B: FusionBackend + SketchBackend> Operation<B::FusionRuntime> for SketchOp<
                 vec![output.into_primitive().tensor()]
             }
             Step::Backward { wanted } => {
-                let grads = B::sketched_linear_backward(x, weights, float(next()), wanted, self.strategy);
+                let grads =
+                    B::sketched_linear_backward(x, weights, float(next()), wanted, self.strategy);
                 // One output per wanted gradient, as registered.
                 grads
                     .into_primitives()

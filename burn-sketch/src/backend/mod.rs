@@ -3,10 +3,23 @@
 //! [`SkLinear::forward`](crate::SkLinear::forward) calls [`SketchBackend::sketched_linear`]
 //! rather than tensor operations directly, so that a backend can supply a faster
 //! implementation (the fused CubeCL kernels) without any change to the module or to user code.
-//! Every backend gets the [tensor-op implementation](tensor_ops::sketched_linear) by default.
 //!
-//! Rust's orphan rule requires each implementation to live here, beside the trait; each is
-//! behind the crate feature of its backend.
+//! Implemented, each behind the crate feature of its backend:
+//!
+//! | backend | feature | path |
+//! |---|---|---|
+//! | `NdArray` | `ndarray` | its own: direct matrix products on the arrays |
+//! | `Flex` | `flex` | the [tensor-op path](tensor_ops) |
+//! | every `CubeBackend` (`Wgpu`, `Cuda`, `Rocm`, ...) | `cubecl` (`wgpu`, `cuda`) | the `burn-sketch-kernels` kernels or the tensor-op path, by [`KernelStrategy`] |
+//! | `Fusion<B>` | `fusion` | one custom operation in the fusion stream, running `B`'s |
+//! | `Autodiff<B>` | always | one graph node whose backward runs `B`'s |
+//!
+//! `SkLinear<B>` compiles for exactly these. Burn's other backends (`Candle`, `LibTorch`, the
+//! router and remote backends) are not implemented: the crate does not build them (LibTorch
+//! needs a download of libtorch at build time) and untested code would be a claim the tests do
+//! not keep. A backend with nothing faster gets the tensor-op path from an empty
+//! `impl SketchBackend for MyBackend {}`, which the orphan rule allows only in this crate or the
+//! backend's.
 
 mod autodiff;
 #[cfg(feature = "cubecl")]
@@ -30,9 +43,9 @@ use weights::float;
 
 /// A backend that can compute a sketched linear layer.
 ///
-/// The provided method is the tensor-op path, valid on every backend (and differentiable
+/// The provided methods are the tensor-op path, valid on any backend (and differentiable
 /// through `Autodiff<B>`, since it only composes tensor operations). Backends with a faster
-/// path override it.
+/// path override them.
 pub trait SketchBackend: Backend {
     /// `y = 1/(2T) · Σ_t (x·S1_t·U1_t + x·U2_t·S2_t) + bias` for `x` of shape
     /// `[n, d_input]`, returning `[n, d_output]`.
@@ -66,3 +79,8 @@ pub trait SketchBackend: Backend {
         tensor_ops::sketched_linear_backward(x, weights, grad_output, wanted)
     }
 }
+
+/// Flex, Burn's pure-Rust CPU backend: the tensor-op path, whose products run on Flex's `gemm`
+/// matmuls.
+#[cfg(feature = "flex")]
+impl SketchBackend for burn::backend::Flex {}

@@ -26,7 +26,8 @@ use burn::tensor::backend::Backend;
 use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
 
 use super::{
-    KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients, float, tensor_ops,
+    KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients, float,
+    tensor_ops,
 };
 
 impl<E, I, Q> SketchBackend for NdArray<E, I, Q>

@@ -7,7 +7,9 @@
 ///
 /// Only CubeCL backends have a choice (the `burn-sketch-kernels` kernels or Burn's own tuned
 /// matmuls through the tensor-op path). Other backends have one path and ignore it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum KernelStrategy {
     /// Time both on first use of each shape class on each device, then use the faster: CubeCL's
     /// own autotuner, as Burn's matmul and reduce use (the default).

@@ -56,7 +56,8 @@ impl<B: Backend> SketchWeights<B> {
     /// The four tensors as backend primitives, in [`into_array`](Self::into_array)'s order:
     /// what backend wrappers (autodiff, fusion) pass to their inner backend.
     pub fn into_primitives(self) -> [FloatTensor<B>; 4] {
-        self.into_array().map(|tensor| tensor.into_primitive().tensor())
+        self.into_array()
+            .map(|tensor| tensor.into_primitive().tensor())
     }
 
     /// The inverse of [`into_primitives`](Self::into_primitives).

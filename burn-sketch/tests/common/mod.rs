@@ -87,7 +87,8 @@ pub fn forward_matches_references<B: SketchBackend>(device: &B::Device, strategy
     for (d_in, d_out, k) in SHAPES {
         for t in TERMS {
             for bias in [true, false] {
-                let layer = SkLinearConfig::new(d_in, d_out, t, k).with_strategy(strategy)
+                let layer = SkLinearConfig::new(d_in, d_out, t, k)
+                    .with_strategy(strategy)
                     .with_bias(bias)
                     .init::<B>(device);
                 let what = format!("d_in={d_in} d_out={d_out} k={k} T={t} bias={bias}");
@@ -122,12 +123,17 @@ pub fn forward_matches_references<B: SketchBackend>(device: &B::Device, strategy
 }
 
 /// The gradients of `L = Σ y ⊙ g` equal DESIGN.md's closed forms; the sketches get none.
-pub fn gradients_match_closed_form<B: AutodiffBackend + SketchBackend>(device: &B::Device, strategy: KernelStrategy) {
+pub fn gradients_match_closed_form<B: AutodiffBackend + SketchBackend>(
+    device: &B::Device,
+    strategy: KernelStrategy,
+) {
     let _serial = serial();
     B::seed(device, 11);
     for (d_in, d_out, k) in [(7, 5, 3), (16, 9, 4)] {
         for t in [1, 3] {
-            let layer = SkLinearConfig::new(d_in, d_out, t, k).with_strategy(strategy).init::<B>(device);
+            let layer = SkLinearConfig::new(d_in, d_out, t, k)
+                .with_strategy(strategy)
+                .init::<B>(device);
             let what = format!("d_in={d_in} d_out={d_out} k={k} T={t}");
             let n = 6;
             let x = Tensor::<B, 2>::random([n, d_in], Distribution::Default, device).require_grad();
@@ -230,10 +236,15 @@ pub fn init_is_seeded<B: SketchBackend>(device: &B::Device, strategy: KernelStra
 
 /// A training step changes `S1s`, `S2s` and the bias but leaves the fixed sketches
 /// bit-for-bit alone.
-pub fn optimizer_leaves_sketches_alone<B: AutodiffBackend + SketchBackend>(device: &B::Device, strategy: KernelStrategy) {
+pub fn optimizer_leaves_sketches_alone<B: AutodiffBackend + SketchBackend>(
+    device: &B::Device,
+    strategy: KernelStrategy,
+) {
     let _serial = serial();
     B::seed(device, 3);
-    let layer = SkLinearConfig::new(10, 4, 2, 3).with_strategy(strategy).init::<B>(device);
+    let layer = SkLinearConfig::new(10, 4, 2, 3)
+        .with_strategy(strategy)
+        .init::<B>(device);
     let before = layer.clone();
     let x = Tensor::<B, 2>::random([5, 10], Distribution::Default, device);
     let grads = layer.forward(x).powi_scalar(2).mean().backward();
@@ -282,7 +293,9 @@ pub fn record_round_trip_is_exact<B: SketchBackend>(device: &B::Device, strategy
 /// An input whose last dimension is not `d_input` panics with a message that says so.
 pub fn wrong_input_width_panics<B: SketchBackend>(device: &B::Device, strategy: KernelStrategy) {
     let _serial = serial();
-    let layer = SkLinearConfig::new(8, 4, 1, 2).with_strategy(strategy).init::<B>(device);
+    let layer = SkLinearConfig::new(8, 4, 1, 2)
+        .with_strategy(strategy)
+        .init::<B>(device);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         layer.forward(Tensor::<B, 2>::zeros([3, 7], device))
     }));
@@ -300,7 +313,10 @@ pub fn wrong_input_width_panics<B: SketchBackend>(device: &B::Device, strategy: 
 /// The backend's own `SketchBackend` implementation (on CubeCL backends: the kernels)
 /// against the tensor-op path on the same backend, forward and backward, including a rank
 /// `2Tk` beyond the fused kernel's limit and odd sizes.
-pub fn backend_path_matches_tensor_ops<B: SketchBackend>(device: &B::Device, strategy: KernelStrategy) {
+pub fn backend_path_matches_tensor_ops<B: SketchBackend>(
+    device: &B::Device,
+    strategy: KernelStrategy,
+) {
     use burn_sketch::backend::{WantedGradients, tensor_ops};
     let _serial = serial();
     B::seed(device, 5);
@@ -313,7 +329,9 @@ pub fn backend_path_matches_tensor_ops<B: SketchBackend>(device: &B::Device, str
         (5, 1100, 700, 1, 16),
     ] {
         let what = format!("n={rows} d_in={d_in} d_out={d_out} T={t} k={k}");
-        let layer = SkLinearConfig::new(d_in, d_out, t, k).with_strategy(strategy).init::<B>(device);
+        let layer = SkLinearConfig::new(d_in, d_out, t, k)
+            .with_strategy(strategy)
+            .init::<B>(device);
         let x = Tensor::<B, 2>::random([rows, d_in], Distribution::Default, device);
         let g = Tensor::<B, 2>::random([rows, d_out], Distribution::Default, device);
         let bias = layer.bias.as_ref().map(|b| b.val());
@@ -361,8 +379,11 @@ pub fn backend_path_matches_tensor_ops<B: SketchBackend>(device: &B::Device, str
 
 /// One training step's gradients (`x`, `S1s`, `S2s`, bias) on backend `A` equal those on
 /// backend `B` for the same layer, copied across through a record.
-pub fn training_step_matches<A, B>(device_a: &A::Device, device_b: &B::Device, strategy: KernelStrategy)
-where
+pub fn training_step_matches<A, B>(
+    device_a: &A::Device,
+    device_b: &B::Device,
+    strategy: KernelStrategy,
+) where
     A: AutodiffBackend + SketchBackend,
     B: AutodiffBackend + SketchBackend,
 {

@@ -339,7 +339,10 @@ mod tests {
             row.sketch_forward.median_ms /= 2.0;
         }
         assert_eq!(compare(&rows, &faster, 10.0).len(), rows.len());
-        assert!(compare(&rows, &faster, 150.0).is_empty(), "a 2x slowdown is within 150 %");
+        assert!(
+            compare(&rows, &faster, 150.0).is_empty(),
+            "a 2x slowdown is within 150 %"
+        );
 
         // `--fail-on-regression` turns a regression into a failed run (a non-zero exit), and
         // lets a run within the threshold pass.

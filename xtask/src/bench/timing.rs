@@ -25,8 +25,8 @@ fn one() -> usize {
     1
 }
 
-/// What one sample should last at least: long enough that the device sync ending it (about
-/// 0.1 ms through Burn's CUDA backend, measured on an H100) is a small part of it.
+/// What one sample should last at least: long enough that the device sync ending it (a
+/// fraction of a millisecond through Burn's CUDA backend) is a small part of it.
 const MIN_SAMPLE_MS: f64 = 2.0;
 
 /// The most calls one sample queues (each holds its output until the sync).
@@ -49,9 +49,9 @@ pub fn op<'a, T: 'static>(mut f: impl FnMut() -> T + 'a) -> Op<'a> {
 ///
 /// Why rounds rather than one op's samples after another's: the speedups in the table are
 /// ratios of these timings, and a shared machine's speed drifts over seconds. Timed one after
-/// the other, a 10 ms sketched forward's samples all fall in a quarter of a second, and a
-/// neighbour's burst there moved the 4096² speedup between 11.6× and 14.8× from one run to the
-/// next on our 2-core CPU. In rounds, every op's samples spread over the whole measurement.
+/// the other, a fast op's samples all fall in a fraction of a second, and a neighbour's burst
+/// there moves its speedup from one run to the next (the README's benchmark section has the
+/// figures). In rounds, every op's samples spread over the whole measurement.
 /// Each sample follows an untimed call of the same op, so that the caches hold what that op
 /// uses, as when it runs back to back, rather than what the op before it left there.
 ///
@@ -62,8 +62,8 @@ pub fn op<'a, T: 'static>(mut f: impl FnMut() -> T + 'a) -> Op<'a> {
 ///
 /// Outputs are dropped only after the sync. On lazy backends (Burn's fusion wrapper, which
 /// `Wgpu` and `Cuda` are by default) an operation whose output is dropped unread may never
-/// run at all: measured on an H100, dropping dense `Linear`'s output before the sync "timed"
-/// a 34 GFLOP forward at 0.05 ms, faster than the device's peak allows.
+/// run at all: dropping dense `Linear`'s output before the sync once "timed" a forward faster
+/// than the device's peak allows.
 pub fn time_together<const N: usize>(
     warmup: usize,
     runs: usize,

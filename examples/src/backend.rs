@@ -1,0 +1,56 @@
+//! The `--backend` option the examples share, and the dispatch from it to a Burn backend type.
+
+/// A backend the examples run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// CPU, through ndarray.
+    Ndarray,
+    /// GPU (or a CPU Vulkan driver), through wgpu.
+    Wgpu,
+    /// NVIDIA GPU, through CUDA (a build with `--features cuda`).
+    Cuda,
+}
+
+impl BackendKind {
+    /// The lower-case name, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ndarray => "ndarray",
+            Self::Wgpu => "wgpu",
+            Self::Cuda => "cuda",
+        }
+    }
+}
+
+/// Why a backend cannot run in this build.
+#[derive(Debug, thiserror::Error)]
+#[error("`--backend cuda` needs a build with CUDA: add `--features cuda` to the cargo command")]
+pub struct NoCuda;
+
+/// Runs `$body` with `$b` the Burn backend type of `$kind` (`NdArray`, `Wgpu`, `Cuda`); in a
+/// build without the `cuda` feature, `--backend cuda` makes the enclosing function return
+/// [`NoCuda`] (converted with `?`'s `From`).
+#[macro_export]
+macro_rules! with_backend {
+    ($kind:expr, |$b:ident| $body:expr) => {
+        match $kind {
+            $crate::backend::BackendKind::Ndarray => {
+                type $b = burn::backend::NdArray;
+                $body
+            }
+            $crate::backend::BackendKind::Wgpu => {
+                type $b = burn::backend::Wgpu;
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            $crate::backend::BackendKind::Cuda => {
+                type $b = burn::backend::Cuda;
+                $body
+            }
+            #[cfg(not(feature = "cuda"))]
+            $crate::backend::BackendKind::Cuda => {
+                return Err($crate::backend::NoCuda.into());
+            }
+        }
+    };
+}
