@@ -18,8 +18,16 @@ use examples::training::{
 
 type B = Autodiff<NdArray>;
 
+/// NdArray's random generator is global: tests that seed it or draw from it hold this lock, so
+/// that another test's draws cannot interleave with theirs (runs with one seed must agree).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[test]
 fn training_lowers_the_loss_checkpoints_and_resumes() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let data = Mnist::embedded_dir();
@@ -86,6 +94,7 @@ fn training_lowers_the_loss_checkpoints_and_resumes() {
 /// in f32, so this checks the scaling and the skipping; on Wgpu the same step runs in f16.
 #[test]
 fn mixed_precision_steps_unscale_or_skip() {
+    let _serial = serial();
     let device = Default::default();
     let digits = DigitDataset::new(Mnist::read(&Mnist::embedded_dir(), "train").unwrap());
     let batch: DigitBatch<B> =
@@ -131,6 +140,7 @@ fn mixed_precision_steps_unscale_or_skip() {
 /// learner's checkpoints hold them and `resume` continues from them instead of starting over.
 #[test]
 fn mixed_precision_state_is_checkpointed_and_resumed() {
+    let _serial = serial();
     use burn::module::Module;
     use burn::record::DefaultRecorder;
     use burn_memory::MixedPrecisionRecord;
