@@ -35,7 +35,7 @@ mod error;
 mod linear;
 pub mod panther;
 
-pub use backend::{SketchBackend, SketchWeights};
+pub use backend::{KernelStrategy, SketchBackend, SketchWeights};
 pub use error::SketchError;
 pub use linear::{ParamCounts, SkLinear, SkLinearConfig};
 

@@ -1,6 +1,7 @@
 //! burn-sketch's integration tests: one binary (each test binary links all of Burn again),
 //! one module per backend, sharing the backend-generic checks of `common`.
 
+#[macro_use]
 mod common;
 #[cfg(feature = "cuda")]
 mod cuda;

@@ -22,21 +22,12 @@ const DEVICE: NdArrayDevice = NdArrayDevice::Cpu;
 /// NdArray has one implementation of the product; it takes the default strategy and ignores it.
 const STRATEGY: KernelStrategy = KernelStrategy::Autotune;
 
-#[test]
-fn forward_matches_references() {
-    common::forward_matches_references::<B>(&DEVICE, STRATEGY);
-}
+backend_suite!(B, AB, DEVICE, STRATEGY);
 
+/// NdArray's own path (direct matrix products on its arrays) against the tensor-op path in
+/// f64, the other float width NdArray stores (the suite checks f32).
 #[test]
-fn gradients_match_closed_form() {
-    common::gradients_match_closed_form::<AB>(&DEVICE, STRATEGY);
-}
-
-/// NdArray's own path (direct matrix products on its arrays) against the tensor-op path, in
-/// both float widths NdArray stores.
-#[test]
-fn backend_path_matches_tensor_ops() {
-    common::backend_path_matches_tensor_ops::<B>(&DEVICE, STRATEGY);
+fn f64_backend_path_matches_tensor_ops() {
     common::backend_path_matches_tensor_ops::<NdArray<f64>>(&DEVICE, STRATEGY);
 }
 
@@ -102,26 +93,6 @@ fn backend_path_takes_strided_inputs_and_partial_gradients() {
             }
         }
     }
-}
-
-#[test]
-fn init_is_seeded() {
-    common::init_is_seeded::<B>(&DEVICE, STRATEGY);
-}
-
-#[test]
-fn optimizer_leaves_sketches_alone() {
-    common::optimizer_leaves_sketches_alone::<AB>(&DEVICE, STRATEGY);
-}
-
-#[test]
-fn record_round_trip_is_exact() {
-    common::record_round_trip_is_exact::<B>(&DEVICE, STRATEGY);
-}
-
-#[test]
-fn wrong_input_width_panics() {
-    common::wrong_input_width_panics::<B>(&DEVICE, STRATEGY);
 }
 
 #[test]

@@ -21,40 +21,7 @@ fn device() -> WgpuDevice {
     WgpuDevice::default()
 }
 
-#[test]
-fn forward_matches_references() {
-    common::forward_matches_references::<B>(&device(), KERNELS);
-}
-
-#[test]
-fn gradients_match_closed_form() {
-    common::gradients_match_closed_form::<AB>(&device(), KERNELS);
-}
-
-#[test]
-fn init_is_seeded() {
-    common::init_is_seeded::<B>(&device(), KERNELS);
-}
-
-#[test]
-fn optimizer_leaves_sketches_alone() {
-    common::optimizer_leaves_sketches_alone::<AB>(&device(), KERNELS);
-}
-
-#[test]
-fn record_round_trip_is_exact() {
-    common::record_round_trip_is_exact::<B>(&device(), KERNELS);
-}
-
-#[test]
-fn wrong_input_width_panics() {
-    common::wrong_input_width_panics::<B>(&device(), KERNELS);
-}
-
-#[test]
-fn kernels_match_tensor_ops() {
-    common::backend_path_matches_tensor_ops::<B>(&device(), KERNELS);
-}
+backend_suite!(B, AB, device(), KERNELS);
 
 #[test]
 fn training_step_matches_ndarray() {

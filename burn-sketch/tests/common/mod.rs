@@ -3,6 +3,48 @@
 
 #![allow(dead_code)]
 
+/// The backend-generic tests for one backend: `backend_suite!(B, Autodiff<B>, device, strategy)`
+/// in a backend's module defines one `#[test]` per check below, so that every backend runs the
+/// same list.
+macro_rules! backend_suite {
+    ($b:ty, $ab:ty, $device:expr, $strategy:expr) => {
+        #[test]
+        fn forward_matches_references() {
+            crate::common::forward_matches_references::<$b>(&$device, $strategy);
+        }
+
+        #[test]
+        fn gradients_match_closed_form() {
+            crate::common::gradients_match_closed_form::<$ab>(&$device, $strategy);
+        }
+
+        #[test]
+        fn init_is_seeded() {
+            crate::common::init_is_seeded::<$b>(&$device, $strategy);
+        }
+
+        #[test]
+        fn optimizer_leaves_sketches_alone() {
+            crate::common::optimizer_leaves_sketches_alone::<$ab>(&$device, $strategy);
+        }
+
+        #[test]
+        fn record_round_trip_is_exact() {
+            crate::common::record_round_trip_is_exact::<$b>(&$device, $strategy);
+        }
+
+        #[test]
+        fn wrong_input_width_panics() {
+            crate::common::wrong_input_width_panics::<$b>(&$device, $strategy);
+        }
+
+        #[test]
+        fn backend_path_matches_tensor_ops() {
+            crate::common::backend_path_matches_tensor_ops::<$b>(&$device, $strategy);
+        }
+    };
+}
+
 use burn::module::Module;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
