@@ -16,7 +16,7 @@ use burn::train::renderer::{
 /// ```text
 /// epoch 2/8 | train Loss 0.412 Accuracy 88.1 % ... | valid Loss 0.389 Accuracy 89.0 %
 /// ```
-pub struct EpochLines<W: Write + Send + Sync = std::io::Stdout> {
+pub struct EpochLines<W: Write + Send + Sync = PrintStdout> {
     out: W,
     names: HashMap<MetricId, String>,
     /// Latest values, as the metrics update them.
@@ -34,7 +34,23 @@ pub struct EpochLines<W: Write + Send + Sync = std::io::Stdout> {
 impl EpochLines {
     /// Lines on standard output.
     pub fn stdout() -> Self {
-        Self::new(std::io::stdout())
+        Self::new(PrintStdout)
+    }
+}
+
+/// Standard output through `print!`, which a test harness captures (a direct write to
+/// `std::io::stdout()` would bypass the capture and fill the test log).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PrintStdout;
+
+impl Write for PrintStdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        print!("{}", String::from_utf8_lossy(buf));
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stdout().flush()
     }
 }
 
