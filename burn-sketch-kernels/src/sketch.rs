@@ -299,10 +299,10 @@ pub fn forward<R: CubeRuntime>(
     weights: &SketchWeights<R>,
     bias: Option<CubeTensor<R>>,
 ) -> Result<CubeTensor<R>, KernelError> {
-    let dims = weights.dims()?;
-    let rows = check_input(&x, dims)?;
+    let checked = check_forward(&x, weights, bias.as_ref())?;
+    let (dims, rows) = (checked.dims, checked.rows);
     let path = choose_forward_path(&x.client, rows, dims.d_in, 2 * dims.half(), dims.d_out);
-    forward_with(x, weights, bias, path)
+    launch_forward(x, weights, bias, path, checked)
 }
 
 /// [`forward`] on a given path, for tests and benchmarks that compare the two.
@@ -316,14 +316,43 @@ pub fn forward_with<R: CubeRuntime>(
     bias: Option<CubeTensor<R>>,
     path: ForwardPath,
 ) -> Result<CubeTensor<R>, KernelError> {
+    let checked = check_forward(&x, weights, bias.as_ref())?;
+    launch_forward(x, weights, bias, path, checked)
+}
+
+/// What [`check_forward`] found the operands to be.
+#[derive(Debug, Clone, Copy)]
+struct Checked {
+    dims: Dims,
+    rows: usize,
+    dtype: DType,
+}
+
+/// Every forward operand's shape and element type, checked once per call.
+fn check_forward<R: CubeRuntime>(
+    x: &CubeTensor<R>,
+    weights: &SketchWeights<R>,
+    bias: Option<&CubeTensor<R>>,
+) -> Result<Checked, KernelError> {
     let dims = weights.dims()?;
-    let rows = check_input(&x, dims)?;
-    if let Some(bias) = &bias {
+    let rows = check_input(x, dims)?;
+    if let Some(bias) = bias {
         check_shape("bias", bias, &[dims.d_out])?;
     }
     let mut operands = weights.named().to_vec();
-    operands.extend(bias.as_ref().map(|bias| ("bias", bias)));
-    let dtype = check_dtypes(&x, &operands)?;
+    operands.extend(bias.map(|bias| ("bias", bias)));
+    let dtype = check_dtypes(x, &operands)?;
+    Ok(Checked { dims, rows, dtype })
+}
+
+/// The forward's launches on checked operands.
+fn launch_forward<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    weights: &SketchWeights<R>,
+    bias: Option<CubeTensor<R>>,
+    path: ForwardPath,
+    Checked { dims, rows, dtype }: Checked,
+) -> Result<CubeTensor<R>, KernelError> {
     let out = empty(&x, Shape::new([rows, dims.d_out]), dtype);
 
     match path {

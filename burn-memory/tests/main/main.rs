@@ -13,6 +13,6 @@ static ALLOCATOR: CountingAllocator = CountingAllocator::system();
 mod batch_search;
 mod heap;
 mod ndarray;
-#[path = "../../testing/own_process.rs"]
+#[path = "../../../testing/own_process.rs"]
 mod own_process;
 mod wgpu;

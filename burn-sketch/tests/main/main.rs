@@ -8,6 +8,6 @@ mod cuda;
 mod finite_differences;
 mod flex;
 mod ndarray;
-#[path = "../../testing/own_process.rs"]
+#[path = "../../../testing/own_process.rs"]
 mod own_process;
 mod wgpu;
