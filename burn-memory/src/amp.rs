@@ -9,10 +9,11 @@
 //! - **Loss scaling.** The loss is multiplied by the scale before `backward`
 //!   ([`MixedPrecision::scale_loss`]), which lifts small gradients into f16's range.
 //!   [`MixedPrecision::step`] divides the gradients by the scale before the optimizer sees them.
-//! - **Overflow handling.** If any gradient is infinite or NaN, the step is skipped: the
-//!   optimizer is not called and the weights and optimizer state are untouched. With a dynamic
-//!   scale, the scale is halved; after `growth_interval` clean steps in a row it doubles. These
-//!   are the defaults of PyTorch's `GradScaler`.
+//! - **Overflow handling.** If any gradient is infinite or NaN once unscaled, the step is
+//!   skipped: the optimizer is not called and the weights and optimizer state are untouched.
+//!   With a dynamic scale, the scale is halved (never below the smallest `f32` whose inverse is
+//!   finite, with a warning when it falls below 1); after `growth_interval` clean steps in a
+//!   row it doubles. These are the defaults of PyTorch's `GradScaler`.
 //! - **Gradient accumulation** composes with it. Accumulate the *scaled* gradients of each
 //!   micro-batch with Burn's `GradientsAccumulator`, and call `step` once. The scale only
 //!   changes inside `step`, so every micro-batch used the same scale. One non-finite micro-batch
@@ -145,7 +146,8 @@ pub struct MixedPrecisionConfig {
 impl MixedPrecisionConfig {
     /// The run's state on `device`. Fails with [`MemoryError::UnsupportedPrecision`] when the
     /// device cannot compute in the requested type (NdArray has only f32 and f64), and with
-    /// [`MemoryError::Invalid`] for a scale that is not finite and positive.
+    /// [`MemoryError::Invalid`] for a scale that is not finite and positive or whose inverse,
+    /// the factor the gradients are unscaled by, is not finite (below about 2.9·10⁻³⁹).
     pub fn init<B: AutodiffBackend>(
         &self,
         device: &B::Device,
@@ -155,12 +157,7 @@ impl MixedPrecisionConfig {
             return Err(MemoryError::UnsupportedPrecision(dtype));
         }
         let scale = self.loss_scale.initial();
-        if !(scale.is_finite() && scale > 0.0) {
-            return Err(MemoryError::invalid(
-                "loss scale",
-                format!("{scale}: must be finite and positive"),
-            ));
-        }
+        check_scale("loss scale", scale)?;
         if let LossScale::Dynamic {
             growth_factor,
             backoff_factor,
@@ -262,15 +259,10 @@ impl MixedPrecision {
     }
 
     /// Continues the run from a checkpoint's [`record`](Self::record) (the precision and the
-    /// scaling policy stay this run's). A scale that is not finite and positive is refused
-    /// with [`MemoryError::Invalid`], as [`MixedPrecisionConfig::init`] refuses it.
+    /// scaling policy stay this run's). A scale [`MixedPrecisionConfig::init`] would refuse is
+    /// refused here too, with [`MemoryError::Invalid`].
     pub fn load_record(&mut self, record: MixedPrecisionRecord) -> Result<(), MemoryError> {
-        if !(record.scale.is_finite() && record.scale > 0.0) {
-            return Err(MemoryError::invalid(
-                "recorded loss scale",
-                format!("{}: must be finite and positive", record.scale),
-            ));
-        }
+        check_scale("recorded loss scale", record.scale)?;
         self.scale = record.scale;
         self.clean_steps = record.clean_steps as usize;
         self.skipped_steps = record.skipped_steps as usize;
@@ -347,6 +339,8 @@ impl MixedPrecision {
         B: AutodiffBackend,
         M: Module<B>,
     {
+        // The check runs on the unscaled gradients, as PyTorch's `GradScaler` does: a finite
+        // scaled gradient can still overflow once divided by a small scale.
         let mut unscale = Unscale::<B> {
             grads: &mut grads,
             factor: 1.0 / self.scale,
@@ -362,7 +356,16 @@ impl MixedPrecision {
             self.skipped_steps += 1;
             self.clean_steps = 0;
             if let LossScale::Dynamic { backoff_factor, .. } = self.loss_scale {
-                self.scale *= backoff_factor;
+                let before = self.scale;
+                self.scale = (self.scale * backoff_factor).max(MIN_DYNAMIC_SCALE);
+                if before >= COLLAPSE_WARNING && self.scale < COLLAPSE_WARNING {
+                    tracing::warn!(
+                        "mixed precision: the loss scale collapsed below {COLLAPSE_WARNING} \
+                         after {} skipped step(s): the gradients are non-finite even \
+                         unscaled, so the loss is likely NaN or diverging",
+                        self.skipped_steps
+                    );
+                }
             }
             tracing::warn!(
                 "mixed precision: non-finite gradients, step skipped; loss scale now {}",
@@ -391,6 +394,26 @@ impl MixedPrecision {
 
 use burn::tensor::ElementConversion;
 
+/// The smallest a dynamic scale backs off to: the unscaling factor `1/scale` stays finite, so
+/// a run whose scale keeps shrinking skips steps rather than multiplying gradients by infinity.
+const MIN_DYNAMIC_SCALE: f32 = f32::MIN_POSITIVE;
+
+/// A dynamic scale below this means the gradients overflowed even at a scale of 1: not a
+/// precision problem the scale can fix. Crossing it is worth a warning of its own.
+const COLLAPSE_WARNING: f32 = 1.0;
+
+/// Refuses a scale that is not finite and positive, or whose inverse is not finite.
+fn check_scale(name: &'static str, scale: f32) -> Result<(), MemoryError> {
+    if scale.is_finite() && scale > 0.0 && (1.0 / scale).is_finite() {
+        Ok(())
+    } else {
+        Err(MemoryError::invalid(
+            name,
+            format!("{scale}: must be finite and positive, with a finite inverse"),
+        ))
+    }
+}
+
 /// Initialises lazily initialised parameters in place.
 struct Materialize;
 
@@ -410,8 +433,8 @@ impl<B: AutodiffBackend> ModuleMapper<B> for CastParams {
     }
 }
 
-/// Divides each parameter's gradient by the scale and counts its non-finite entries, on the
-/// device: one read for the whole model decides whether to skip.
+/// Divides each parameter's gradient by the scale and counts the non-finite entries of the
+/// result, on the device: one read for the whole model decides whether to skip.
 struct Unscale<'a, B: AutodiffBackend> {
     grads: &'a mut GradientsParams,
     factor: f32,
@@ -423,11 +446,12 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Unscale<'_, B> {
         let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) else {
             return;
         };
+        let grad = grad.mul_scalar(self.factor);
         let bad = grad.clone().is_finite().bool_not().int().sum();
         self.non_finite = Some(match self.non_finite.take() {
             Some(count) => count + bad,
             None => bad,
         });
-        self.grads.register(param.id, grad.mul_scalar(self.factor));
+        self.grads.register(param.id, grad);
     }
 }

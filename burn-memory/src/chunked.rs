@@ -14,6 +14,10 @@ use crate::MemoryError;
 /// the output's shape and element type), and its activations are freed before the next chunk
 /// runs. A single pass would instead hold the activations of all rows at once.
 ///
+/// An input that fits in one chunk (an empty one included) is one call of `forward`. Fails with
+/// [`MemoryError::Invalid`] for a zero `chunk_size`, or when `forward` does not map each chunk's
+/// rows to as many rows of one shape.
+///
 /// ```
 /// use burn::backend::NdArray;
 /// use burn::nn::LinearConfig;
@@ -38,9 +42,6 @@ where
         return Err(MemoryError::invalid("chunk size", "0 rows"));
     }
     let rows = input.dims()[0];
-    if rows == 0 {
-        return Err(MemoryError::invalid("input", "0 rows"));
-    }
     if rows <= chunk_size {
         return Ok(forward(input));
     }
@@ -57,7 +58,20 @@ where
             ));
         }
         let out = match output.take() {
-            Some(out) => out,
+            Some(out) => {
+                let expected = (&out.dims()[1..], out.dtype());
+                let found = (&part.dims()[1..], part.dtype());
+                if expected != found {
+                    return Err(MemoryError::invalid(
+                        "forward",
+                        format!(
+                            "returned rows of shape and type {found:?} for rows {start}.., \
+                             {expected:?} before: every chunk's rows must have the same ones"
+                        ),
+                    ));
+                }
+                out
+            }
             None => {
                 let mut dims = part.dims();
                 dims[0] = rows;

@@ -55,6 +55,27 @@ pub enum SketchError {
         message: String,
     },
 
+    /// A checkpoint tensor's bytes are not all in the file: its storage is shorter than its
+    /// offset, shape and strides need, or the file holds less of the storage than it declares,
+    /// or lacks it.
+    #[error("tensor `{key}` is corrupt: {reason}")]
+    Corrupt {
+        /// The full state-dict key.
+        key: String,
+        /// What does not fit.
+        reason: String,
+    },
+
+    /// A checkpoint value does not fit in `f32`, the type the layer is loaded in (a finite
+    /// `f64` beyond ±3.4·10³⁸).
+    #[error("tensor `{key}` holds {value:e}, beyond the range of f32")]
+    OutOfRange {
+        /// The full state-dict key.
+        key: String,
+        /// The first value that does not fit.
+        value: f64,
+    },
+
     /// A checkpoint tensor's data could not be decoded.
     #[error("cannot decode tensor `{key}`: {message}")]
     Decode {

@@ -189,7 +189,9 @@ fn half_precision_on_ndarray_is_refused_and_bad_scales_rejected() {
             .unwrap_err();
         assert!(matches!(err, MemoryError::UnsupportedPrecision(_)), "{err}");
     }
-    for scale in [0.0, -1.0, f32::INFINITY] {
+    // 1e-39 is positive and finite, but its inverse is not: every unscaled gradient would be
+    // infinite.
+    for scale in [0.0, -1.0, f32::INFINITY, 1e-39] {
         let err = MixedPrecisionConfig::new()
             .with_compute(Precision::F32)
             .with_loss_scale(LossScale::Static(scale))
@@ -197,6 +199,81 @@ fn half_precision_on_ndarray_is_refused_and_bad_scales_rejected() {
             .unwrap_err();
         assert!(matches!(err, MemoryError::Invalid { .. }), "{err}");
     }
+}
+
+/// The skip decision looks at the unscaled gradients: with a small scale, a finite scaled
+/// gradient can overflow once divided by it, and that step must be skipped, not applied.
+#[test]
+fn gradients_that_overflow_when_unscaled_skip_the_step() {
+    let (model, _, _) = setup();
+    // 1e-30's inverse, 1e30, is finite: the scale is legal.
+    let mut amp = f32_amp(LossScale::Static(1e-30));
+    let device = Default::default();
+    let mut grads = GradientsParams::new();
+    grads.register(model.weight.id, Tensor::<B, 2>::full([3, 2], 1e10, &device));
+    let before = weights(&model);
+    let mut optim = SgdConfig::new().init();
+    let (after, outcome) = amp.step(&mut optim, 0.5, model, grads);
+    assert_eq!(outcome, StepOutcome::Skipped);
+    weights(&after).assert_eq(&before, true);
+}
+
+/// A dynamic scale that keeps backing off (here from 1e-37, ten overflowing steps in a row)
+/// stops where its inverse is still finite: the next clean step trains with the true
+/// gradients instead of multiplying them by infinity.
+#[test]
+fn a_collapsing_dynamic_scale_never_corrupts_the_weights() {
+    let (model, x, y) = setup();
+    let mut amp = f32_amp(LossScale::Dynamic {
+        initial: 1e-37,
+        growth_factor: 2.0,
+        backoff_factor: 0.5,
+        growth_interval: 2000,
+    });
+    let mut optim = SgdConfig::new().init();
+    let mut model = model;
+    for _ in 0..10 {
+        let mut grads = GradientsParams::new();
+        grads.register(
+            model.weight.id,
+            Tensor::<B, 2>::full([3, 2], f32::INFINITY, &Default::default()),
+        );
+        let outcome;
+        (model, outcome) = amp.step(&mut optim, 0.1, model, grads);
+        assert_eq!(outcome, StepOutcome::Skipped);
+    }
+    assert!(
+        amp.scale() > 0.0 && (1.0 / amp.scale()).is_finite(),
+        "{}",
+        amp.scale()
+    );
+
+    let mut plain = f32_amp(LossScale::Static(1.0));
+    let grads = scaled_grads(&plain, &model, x.clone(), y.clone());
+    let (expected, _) = plain.step(&mut SgdConfig::new().init(), 0.1, model.clone(), grads);
+    let grads = scaled_grads(&amp, &model, x, y);
+    let (after, outcome) = amp.step(&mut optim, 0.1, model, grads);
+    assert_eq!(outcome, StepOutcome::Applied);
+    let trained = weights(&after);
+    assert!(
+        trained.iter::<f32>().all(f32::is_finite),
+        "weights became non-finite: {trained:?}"
+    );
+    // The scaled gradients are subnormal here, with a few bits fewer than f32's 24.
+    trained.assert_approx_eq::<f32>(&weights(&expected), Tolerance::absolute(1e-3));
+}
+
+/// A recorded scale whose inverse is not finite is refused on resume, as `init` refuses it.
+#[test]
+fn a_recorded_scale_with_an_infinite_inverse_is_refused() {
+    let mut amp = f32_amp(LossScale::dynamic());
+    let mut record = amp.record();
+    record.scale = 1e-39;
+    assert!(matches!(
+        amp.load_record(record),
+        Err(MemoryError::Invalid { .. })
+    ));
+    assert_eq!(amp.scale(), 65536.0);
 }
 
 #[test]
@@ -279,4 +356,25 @@ fn chunked_inference_equals_one_pass_and_rejects_bad_chunks() {
     let err = chunked_forward(x, 10, |c| c.narrow(0, 0, 1)).unwrap_err();
     assert!(err.to_string().contains("rows"), "{err}");
     let _ = Module::<B>::num_params(&model);
+}
+
+/// A `forward` whose rows change shape from one chunk to the next is an error, not a panic in
+/// the slice assignment; an empty input is one pass, like any input that fits in one chunk.
+#[test]
+fn chunked_inference_rejects_changing_widths_and_passes_empty_inputs() {
+    let device = Default::default();
+    let x = Tensor::<B, 2>::random([30, 8], Distribution::Default, &device);
+    let mut calls = 0;
+    let err = chunked_forward(x, 10, |c| {
+        calls += 1;
+        let width = if calls == 1 { 8 } else { 5 };
+        c.narrow(1, 0, width)
+    })
+    .unwrap_err();
+    assert!(matches!(err, MemoryError::Invalid { .. }), "{err}");
+    assert!(err.to_string().contains("same"), "{err}");
+
+    let empty = Tensor::<B, 2>::zeros([0, 8], &device);
+    let out = chunked_forward(empty, 10, |c| c.narrow(1, 0, 3)).unwrap();
+    assert_eq!(out.dims(), [0, 3]);
 }

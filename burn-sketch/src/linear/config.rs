@@ -58,7 +58,8 @@ impl SkLinearConfig {
         Ok(Self::new(d_input, d_output, 1, sketch_size / 2))
     }
 
-    /// Checks every size, returning an error that names the first bad value.
+    /// Checks every size, returning an error that names the first bad value: a zero, or
+    /// sizes whose tensors could not be addressed (their element or byte counts overflow).
     ///
     /// Also warns (through `tracing`, as Panther does) when the sketch is no smaller than the
     /// dense layer it stands for: `2·T·k·(d_in + d_out) ≥ d_in·d_out`. That configuration is
@@ -79,16 +80,47 @@ impl SkLinearConfig {
                 });
             }
         }
-        let sketch = 2 * self.num_terms * self.low_rank * (self.d_input + self.d_output);
-        let dense = self.d_input * self.d_output;
-        if sketch >= dense {
+        let (t, k, d_in, d_out) = (self.num_terms, self.low_rank, self.d_input, self.d_output);
+        // Every tensor `try_init` builds (the dense weight it draws, the factors, the `T·k`
+        // rows it multiplies by) must have a byte size that `isize` can hold, or allocating
+        // it would fail with a capacity overflow instead of this error.
+        let elements = [
+            ("d_input × d_output", d_out, d_in.checked_mul(d_out)),
+            ("num_terms × low_rank", k, t.checked_mul(k)),
+            (
+                "num_terms × d_input × low_rank",
+                d_in,
+                t.checked_mul(d_in).and_then(|n| n.checked_mul(k)),
+            ),
+            (
+                "num_terms × low_rank × d_output",
+                d_out,
+                t.checked_mul(k).and_then(|n| n.checked_mul(d_out)),
+            ),
+        ];
+        for (name, value, count) in elements {
+            let fits = count
+                .and_then(|n| n.checked_mul(std::mem::size_of::<f64>()))
+                .is_some_and(|bytes| bytes <= isize::MAX as usize);
+            if !fits {
+                return Err(SketchError::InvalidConfig {
+                    name,
+                    value,
+                    reason: "the layer's tensors would hold more bytes than memory can address",
+                });
+            }
+        }
+        let dense = d_in * d_out;
+        let sketch = (2 * t * k).checked_mul(d_in + d_out);
+        if sketch.is_none_or(|sketch| sketch >= dense) {
             tracing::warn!(
-                d_input = self.d_input,
-                d_output = self.d_output,
-                num_terms = self.num_terms,
-                low_rank = self.low_rank,
-                "SkLinear has {sketch} sketch parameters, not fewer than the {dense} of the \
-                 dense layer it replaces; a dense `Linear` would be smaller and faster"
+                d_input = d_in,
+                d_output = d_out,
+                num_terms = t,
+                low_rank = k,
+                "SkLinear has {} sketch parameters, not fewer than the {dense} of the dense \
+                 layer it replaces; a dense `Linear` would be smaller and faster",
+                sketch.map_or("more than usize::MAX".to_string(), |n| n.to_string())
             );
         }
         Ok(())
@@ -110,6 +142,10 @@ impl SkLinearConfig {
     /// `±1/√d_output`, the bias in the same bound, and the sketch factors are derived from `W`
     /// so that the layer starts as an unbiased estimate of the dense layer `x·W + b`. Draws use
     /// the backend's random generator, so `B::seed` makes the result reproducible.
+    ///
+    /// The dense weight is materialised once (`d_input · d_output` elements): sizes whose byte
+    /// counts overflow are [`SketchError::InvalidConfig`], but a size that merely exceeds the
+    /// device's memory fails in the backend's allocator, as any tensor of that size would.
     pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<SkLinear<B>, SketchError> {
         self.validate()?;
         let (weight, bias) = super::init::panther_dense(self, device);

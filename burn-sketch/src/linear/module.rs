@@ -170,6 +170,9 @@ impl<B: SketchBackend> SkLinear<B> {
     /// - input: `[..., d_input]`
     /// - output: `[..., d_output]`
     ///
+    /// An input with no rows (a zero leading dimension) gives an empty output of the same
+    /// leading shape.
+    ///
     /// # Panics
     /// If the input's last dimension is not `d_input`.
     pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
@@ -181,14 +184,18 @@ impl<B: SketchBackend> SkLinear<B> {
             "SkLinear expects inputs whose last dimension is d_input = {d_input}, got shape {dims:?}"
         );
         let rows = dims[..D - 1].iter().product();
+        let mut out_dims = dims;
+        out_dims[D - 1] = self.d_output();
+        if rows == 0 {
+            // No rows, no product: backends' kernels and reshapes need not handle zero sizes.
+            return Tensor::zeros(out_dims, &input.device());
+        }
         let output = B::sketched_linear(
             with_shape(input, [rows, d_input]),
             self.weights(),
             self.bias.as_ref().map(|b| b.val()),
             self.strategy,
         );
-        let mut out_dims = dims;
-        out_dims[D - 1] = self.d_output();
         with_shape(output, out_dims)
     }
 }

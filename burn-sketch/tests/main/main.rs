@@ -3,6 +3,7 @@
 
 #[macro_use]
 mod common;
+mod bad_input;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod finite_differences;

@@ -220,7 +220,7 @@ fn from_linear_on_autodiff_gives_trainable_leaves() {
     assert!(dense.bias.as_ref().unwrap().grad(&grads).is_none());
 }
 
-fn write_safetensors(path: &Path, tensors: &[(&str, Vec<usize>, Dtype, Vec<u8>)]) {
+pub(crate) fn write_safetensors(path: &Path, tensors: &[(&str, Vec<usize>, Dtype, Vec<u8>)]) {
     let views = tensors
         .iter()
         .map(|(name, shape, dtype, bytes)| {
@@ -240,7 +240,7 @@ fn f32_bytes(len: usize) -> Vec<u8> {
 }
 
 /// A Panther-layout tensor list for T, d_in, k, d_out, with a way to break one entry.
-fn panther_tensors(
+pub(crate) fn panther_tensors(
     t: usize,
     d_in: usize,
     k: usize,

@@ -7,6 +7,9 @@
 //! PyTorch's own `torch.save` files. A whole Panther model's file holds
 //! one such group per layer, each under its module path (`"encoder.0."`): pass it as `prefix`.
 
+mod pickle;
+mod torch;
+
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -18,6 +21,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::linear::fixed;
 use crate::{SkLinear, SketchError};
+use torch::TorchFile;
 
 const S1S: &str = "S1s";
 const S2S: &str = "S2s";
@@ -27,12 +31,19 @@ const BIAS: &str = "bias";
 
 /// Reads the `SKLinear` stored under `prefix` (e.g. `""` or `"layers.0."`) in a checkpoint
 /// file: a safetensors file, or a PyTorch `torch.save` file of the state dict (`.pt`/`.pth`,
-/// recognised by its content, read without PyTorch through `burn-store`).
+/// zip or pre-1.6 format, recognised by its content, read without PyTorch).
 ///
-/// Every shape is checked against the others before any tensor is built: all four factors
-/// must agree on `T` and `k`, `S1s`/`U2s` on `d_input`, `S2s`/`U1s`/`bias` on `d_output`.
-/// `f32`, `f64`, `f16` and `bf16` tensors are accepted and converted to the backend's float
-/// type. The sketches `U1s`/`U2s` are loaded as fixed (untrained) state.
+/// Nothing is trusted before it is checked, and a bad file is an error, never a layer with
+/// wrong values:
+/// - every shape is checked against the others before any tensor is built: all four factors
+///   must agree on `T` and `k`, `S1s`/`U2s` on `d_input`, `S2s`/`U1s`/`bias` on `d_output`;
+/// - every tensor of a PyTorch file is checked against its storage (offset, shape and strides
+///   inside the storage, the storage's bytes all present) before its values are allocated
+///   ([`SketchError::Corrupt`]); strides are honoured, so views load as PyTorch shows them;
+/// - `f32`, `f64`, `f16` and `bf16` tensors are converted to `f32`, and an `f64` value beyond
+///   `f32`'s range is [`SketchError::OutOfRange`] rather than an infinity.
+///
+/// The sketches `U1s`/`U2s` are loaded as fixed (untrained) state.
 pub fn load_sklinear<B: Backend>(
     path: &Path,
     prefix: &str,
@@ -48,9 +59,8 @@ pub fn load_sklinear<B: Backend>(
     };
     // `torch.save` writes a zip archive (PyTorch ≥ 1.6) or, before that, a bare pickle.
     if bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(&[0x80]) {
-        let reader = burn_store::pytorch::PytorchReader::new(path)
-            .map_err(|err| format_error(err.to_string()))?;
-        from_state_dict(&reader, prefix, device)
+        let file = TorchFile::parse(&bytes).map_err(format_error)?;
+        from_state_dict(&file, prefix, device)
     } else {
         let file = SafeTensors::deserialize(&bytes).map_err(|err| format_error(err.to_string()))?;
         from_state_dict(&file, prefix, device)
@@ -77,26 +87,73 @@ impl StateDict for SafeTensors<'_> {
     }
 }
 
-impl StateDict for burn_store::pytorch::PytorchReader {
+impl StateDict for TorchFile<'_> {
     fn shape(&self, key: &str) -> Option<Vec<usize>> {
-        self.get(key).map(|snapshot| snapshot.shape.to_vec())
+        TorchFile::shape(self, key)
     }
 
     fn float_data(&self, key: &str) -> Result<TensorData, SketchError> {
-        let snapshot = self
-            .get(key)
-            .ok_or_else(|| SketchError::MissingKey { key: key.into() })?;
-        if !snapshot.dtype.is_float() {
-            return Err(SketchError::UnsupportedDtype {
-                key: key.into(),
-                dtype: format!("{:?}", snapshot.dtype),
-            });
+        TorchFile::float_data(self, key)
+    }
+}
+
+/// The float element types a checkpoint may store, read as little-endian bytes.
+#[derive(Clone, Copy, Debug)]
+enum FloatKind {
+    F32,
+    F64,
+    F16,
+    Bf16,
+}
+
+impl FloatKind {
+    fn from_torch(storage_type: &str) -> Option<Self> {
+        Some(match storage_type {
+            "FloatStorage" => Self::F32,
+            "DoubleStorage" => Self::F64,
+            "HalfStorage" => Self::F16,
+            "BFloat16Storage" => Self::Bf16,
+            _ => return None,
+        })
+    }
+
+    fn from_safetensors(dtype: Dtype) -> Option<Self> {
+        Some(match dtype {
+            Dtype::F32 => Self::F32,
+            Dtype::F64 => Self::F64,
+            Dtype::F16 => Self::F16,
+            Dtype::BF16 => Self::Bf16,
+            _ => return None,
+        })
+    }
+
+    fn size(self) -> usize {
+        match self {
+            Self::F64 => 8,
+            Self::F32 => 4,
+            Self::F16 | Self::Bf16 => 2,
         }
-        let data = snapshot.to_data().map_err(|err| SketchError::Decode {
-            key: key.into(),
-            message: format!("{err:?}"),
-        })?;
-        Ok(data.convert::<f32>())
+    }
+
+    /// Element `index` of `bytes` as `f32`; `Err` with the value when a finite `f64` lies
+    /// beyond `f32`'s range (it would become an infinity). Infinities and NaNs stay what they
+    /// are, and values below `f32`'s smallest subnormal round to zero, as any narrowing does.
+    fn read(self, bytes: &[u8], index: usize) -> Result<f32, f64> {
+        let at = index * self.size();
+        let b = &bytes[at..at + self.size()];
+        Ok(match self {
+            Self::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            Self::F64 => {
+                let value = f64::from_le_bytes(b.try_into().expect("8 bytes"));
+                let narrow = value as f32;
+                if value.is_finite() && !narrow.is_finite() {
+                    return Err(value);
+                }
+                narrow
+            }
+            Self::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+            Self::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        })
     }
 }
 
@@ -176,7 +233,8 @@ fn from_state_dict<B: Backend>(
 
 /// Writes `layer` as a safetensors file with Panther's state-dict keys under `prefix`, in
 /// `f32`, so that Panther's `SKLinear.load_state_dict` (after
-/// `safetensors.torch.load_file`) or [`load_sklinear`] reads it back.
+/// `safetensors.torch.load_file`) or [`load_sklinear`] reads it back. The file is replaced
+/// atomically: an existing checkpoint at `path` survives a crash during the write.
 pub fn save_sklinear<B: Backend>(
     layer: &SkLinear<B>,
     path: &Path,
@@ -206,10 +264,26 @@ pub fn save_sklinear<B: Backend>(
             path: path.to_path_buf(),
             message: err.to_string(),
         })?;
-    std::fs::write(path, bytes).map_err(|source| SketchError::Io {
+    write_atomically(path, &bytes).map_err(|source| SketchError::Io {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// Writes `bytes` to a temporary file beside `path`, flushes it to disk, then renames it over
+/// `path`: a reader sees the old file or the new one, never a half-written one, even if the
+/// process dies mid-write.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let mut file = tempfile::NamedTempFile::new_in(dir)?;
+    file.write_all(bytes)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|err| err.error)?;
+    Ok(())
 }
 
 fn entry<B: Backend, const D: usize>(
@@ -259,30 +333,18 @@ fn shape_error(key: &str, found: &[usize], expected: &str) -> SketchError {
 
 /// Decodes a little-endian safetensors buffer of any float dtype into `f32` data.
 fn to_f32(key: &str, view: &TensorView<'_>) -> Result<TensorData, SketchError> {
+    let kind =
+        FloatKind::from_safetensors(view.dtype()).ok_or_else(|| SketchError::UnsupportedDtype {
+            key: key.to_string(),
+            dtype: format!("{:?}", view.dtype()),
+        })?;
     let bytes = view.data();
-    let values: Vec<f32> = match view.dtype() {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::F64 => bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8-byte chunk")) as f32)
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        other => {
-            return Err(SketchError::UnsupportedDtype {
-                key: key.to_string(),
-                dtype: format!("{other:?}"),
-            });
-        }
-    };
+    let values = (0..bytes.len() / kind.size())
+        .map(|i| kind.read(bytes, i))
+        .collect::<Result<Vec<f32>, f64>>()
+        .map_err(|value| SketchError::OutOfRange {
+            key: key.to_string(),
+            value,
+        })?;
     Ok(TensorData::new(values, view.shape().to_vec()))
 }
