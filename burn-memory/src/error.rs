@@ -38,6 +38,14 @@ pub enum MemoryError {
     /// The device cannot compute in the requested element type.
     #[error("the device does not support {0:?} arithmetic; use another precision or backend")]
     UnsupportedPrecision(burn::tensor::DType),
+    /// The backend has no device to run on here (no driver for its graphics API).
+    #[error("no {backend} device: {help}")]
+    NoDevice {
+        /// The backend, as on the command line (`wgpu`).
+        backend: &'static str,
+        /// What was looked for and what to install.
+        help: String,
+    },
     /// A batch-size search found no batch size that fits.
     #[error("no batch size fits: the smallest tried, {batch_size}, {reason}")]
     NothingFits {

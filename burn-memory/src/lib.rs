@@ -38,6 +38,8 @@
 
 mod amp;
 mod amp_state;
+#[cfg(feature = "wgpu")]
+mod available;
 mod batch_search;
 mod checkpointing;
 mod chunked;
@@ -56,6 +58,8 @@ pub use amp::{
     LossScale, MixedPrecision, MixedPrecisionConfig, MixedPrecisionRecord, Precision, StepOutcome,
 };
 pub use amp_state::SharedMixedPrecision;
+#[cfg(feature = "wgpu")]
+pub use available::wgpu_adapter;
 pub use batch_search::{
     BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, MemoryBudget, Trial, TrialFailure,
     TrialOutcome,

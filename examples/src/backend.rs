@@ -22,6 +22,15 @@ impl BackendKind {
     }
 }
 
+/// Checks that the `Wgpu` backend has an adapter here, before CubeCL looks for one on its
+/// device thread (where a missing driver is a panic the caller sees only as a `RecvError`);
+/// logs the adapter it found.
+pub fn require_wgpu() -> Result<(), burn_memory::MemoryError> {
+    let adapter = burn_memory::wgpu_adapter()?;
+    tracing::info!("wgpu adapter: {adapter}");
+    Ok(())
+}
+
 /// Why a backend cannot run in this build.
 #[derive(Debug, thiserror::Error)]
 #[error("`--backend cuda` needs a build with CUDA: add `--features cuda` to the cargo command")]
@@ -29,7 +38,8 @@ pub struct NoCuda;
 
 /// Runs `$body` with `$b` the Burn backend type of `$kind` (`NdArray`, `Wgpu`, `Cuda`); in a
 /// build without the `cuda` feature, `--backend cuda` makes the enclosing function return
-/// [`NoCuda`] (converted with `?`'s `From`).
+/// [`NoCuda`], and `--backend wgpu` without a Vulkan (or Metal) driver returns the error of
+/// [`require_wgpu`] (both converted with `?`'s `From`).
 #[macro_export]
 macro_rules! with_backend {
     ($kind:expr, |$b:ident| $body:expr) => {
@@ -39,6 +49,7 @@ macro_rules! with_backend {
                 $body
             }
             $crate::backend::BackendKind::Wgpu => {
+                $crate::backend::require_wgpu()?;
                 type $b = burn::backend::Wgpu;
                 $body
             }

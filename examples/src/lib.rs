@@ -1,6 +1,7 @@
 //! Shared pieces of the burn-sketch examples: the MNIST data and the MLP they train.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod data;
 pub mod mlp;
 pub mod mnist;

@@ -24,6 +24,8 @@ use burn_memory::{
 };
 use burn_sketch::SketchBackend;
 
+use crate::checkpoint::AtomicFileRecorder;
+pub use crate::checkpoint::{checkpoint_path, latest_checkpoint};
 use crate::data::{DigitBatch, DigitBatcher, DigitDataset};
 use crate::mlp::{Mlp, MlpConfig};
 use crate::mnist::{IdxError, Mnist};
@@ -112,25 +114,6 @@ pub struct TrainingReport {
     pub amp: Option<MixedPrecision>,
 }
 
-/// The checkpoints of epoch `epoch` under `dir`.
-pub fn checkpoint_path(dir: &Path, epoch: usize) -> PathBuf {
-    dir.join("checkpoint").join(format!("model-{epoch}.mpk"))
-}
-
-/// The newest epoch with a model checkpoint under `dir`.
-pub fn latest_checkpoint(dir: &Path) -> Option<usize> {
-    std::fs::read_dir(dir.join("checkpoint"))
-        .ok()?
-        .filter_map(|entry| {
-            let name = entry.ok()?.file_name().into_string().ok()?;
-            name.strip_prefix("model-")?
-                .strip_suffix(".mpk")?
-                .parse()
-                .ok()
-        })
-        .max()
-}
-
 /// Trains on the MNIST files in `data_dir`, writing logs and checkpoints to `dir`.
 ///
 /// A fresh run (`resume == false`) clears the logs and checkpoints of an earlier run in `dir`.
@@ -199,7 +182,7 @@ where
         .metric_train_numeric(DeviceMemoryMetric::<B>::in_use(device))
         .metric_train_numeric(DeviceMemoryMetric::<B>::peak(device))
         .metric_train_numeric(CpuUse::new())
-        .with_file_checkpointer(DefaultRecorder::new())
+        .with_file_checkpointer(AtomicFileRecorder(DefaultRecorder::new()))
         .num_epochs(config.epochs)
         .summary();
     if resumed_from > 0 {
@@ -351,6 +334,9 @@ fn prepare_dir(config: &TrainingConfig, dir: &Path, resume: bool) -> Result<usiz
         }
     }
     std::fs::create_dir_all(dir).map_err(io)?;
-    config.save(&saved).map_err(io)?;
+    // Written aside and renamed, like the checkpoints: a run killed now leaves no half file.
+    let staging = dir.join(".config.json.partial");
+    config.save(&staging).map_err(io)?;
+    std::fs::rename(&staging, &saved).map_err(io)?;
     Ok(0)
 }

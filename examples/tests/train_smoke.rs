@@ -1,5 +1,6 @@
 //! A short `train_mnist` run through burn-train: the loss falls, a checkpoint appears each
-//! epoch, and `resume` continues from it; and the mixed-precision step the learner runs.
+//! epoch, `resume` continues from it, also after the run was killed at any moment; and the
+//! mixed-precision step the learner runs.
 
 use burn::backend::{Autodiff, NdArray};
 use burn::data::dataloader::batcher::Batcher;
@@ -75,6 +76,19 @@ fn training_lowers_the_loss_checkpoints_and_resumes() {
         "{} -> {}",
         first.train_loss,
         second.train_loss
+    );
+
+    // A checkpoint cut short (by a crash of an older version, or a full disk) is skipped with
+    // a warning: the newest complete one is resumed from.
+    let model_2 = checkpoint_path(&run, 2);
+    let bytes = std::fs::read(&model_2).unwrap();
+    std::fs::write(&model_2, &bytes[..bytes.len() / 2]).unwrap();
+    assert_eq!(latest_checkpoint(&run), Some(1));
+    std::fs::remove_file(&model_2).unwrap();
+    assert_eq!(
+        latest_checkpoint(&run),
+        Some(1),
+        "optim-2 alone is not a checkpoint"
     );
 
     // A different model cannot resume from this run.
@@ -190,4 +204,134 @@ fn mixed_precision_state_is_checkpointed_and_resumed() {
     let second = train::<B>(&config.with_epochs(2), &data, &run, true, &device).unwrap();
     assert_eq!(second.resumed_from, 1);
     assert_eq!(second.amp.unwrap().record().clean_steps, 16);
+}
+
+/// The kill-and-resume run: 3 epochs of the 8,000 embedded training digits, about a second
+/// each here, so that kills land at different points of it.
+fn killed_run_config() -> TrainingConfig {
+    TrainingConfig::new(MlpConfig::new().with_hidden(vec![64]).with_low_rank(8))
+        .with_epochs(3)
+        .with_batch_size(32)
+        .with_seed(11)
+}
+
+/// `train_mnist --resume` killed with SIGKILL at several points (while it starts, mid-epoch,
+/// and the moment an epoch's checkpoint starts to appear, which is while it is written): every
+/// restart resumes from a complete checkpoint, never from a half-written one, and the last
+/// restart completes the run. Each run is this test binary again, in a process of its own.
+#[test]
+fn killed_runs_resume_from_the_newest_complete_checkpoint() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    const CHILD: &str = "TRAIN_SMOKE_KILLED_RUN_DIR";
+    const TEST: &str = "killed_runs_resume_from_the_newest_complete_checkpoint";
+    if let Ok(run) = std::env::var(CHILD) {
+        let report = train::<B>(
+            &killed_run_config(),
+            &Mnist::embedded_dir(),
+            std::path::Path::new(&run),
+            true,
+            &Default::default(),
+        )
+        .unwrap();
+        println!("resumed from epoch {}", report.resumed_from);
+        return;
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let spawn = || {
+        Command::new(std::env::current_exe().unwrap())
+            .args([TEST, "--exact", "--test-threads=1", "--nocapture"])
+            .env(CHILD, &run)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Files of epochs after `epoch` in the checkpoint directory, staging files included.
+    let checkpoint_files_after = |epoch: usize| {
+        std::fs::read_dir(run.join("checkpoint"))
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .filter(|name| {
+                name.trim_start_matches('.')
+                    .split(['-', '.'])
+                    .nth(1)
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .is_some_and(|n| n > epoch)
+            })
+            .count()
+    };
+
+    // The last time anything in the checkpoint directory was written.
+    let last_write = || {
+        std::fs::read_dir(run.join("checkpoint"))
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| entry.ok()?.metadata().ok()?.modified().ok())
+            .max()
+    };
+
+    enum Kill {
+        After(Duration),
+        WhenCheckpointAppears,
+    }
+    let mut progress = Vec::new();
+    for kill in [
+        Kill::After(Duration::from_millis(300)),
+        Kill::WhenCheckpointAppears,
+        Kill::After(Duration::from_millis(1500)),
+        Kill::WhenCheckpointAppears,
+        Kill::WhenCheckpointAppears,
+    ] {
+        let before = latest_checkpoint(&run).unwrap_or(0);
+        let written = last_write();
+        let mut child = spawn();
+        let start = Instant::now();
+        loop {
+            let due = match kill {
+                Kill::After(delay) => start.elapsed() >= delay,
+                Kill::WhenCheckpointAppears => last_write() > written,
+            };
+            if due || child.try_wait().unwrap().is_some() {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(300), "the run hangs");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = child.kill();
+        child.wait().unwrap();
+        // What a restart would resume from is complete (`latest_checkpoint` decodes it), and
+        // no older than what the previous restart found.
+        let latest = latest_checkpoint(&run).unwrap_or(0);
+        assert!(latest >= before, "epoch {before} -> {latest}");
+        // What the kill left beyond the complete checkpoint (a partial epoch, staging files):
+        // shown with `--nocapture`, for the record of where the kills landed.
+        eprintln!(
+            "killed after {:?}: complete checkpoint {before} -> {latest}, {} newer file(s) left",
+            start.elapsed(),
+            checkpoint_files_after(latest)
+        );
+        progress.push(latest);
+    }
+
+    let output = spawn().wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "the final resume failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let resumed: usize = stdout
+        .split("resumed from epoch ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no report in:\n{stdout}"));
+    assert_eq!(resumed, *progress.last().unwrap(), "progress {progress:?}");
+    assert_eq!(latest_checkpoint(&run), Some(3));
 }

@@ -53,16 +53,35 @@ pub fn load_sklinear<B: Backend>(
         path: path.to_path_buf(),
         source,
     })?;
+    read_sklinear(&bytes, path, prefix, device)
+}
+
+/// [`load_sklinear`] on a checkpoint already in memory (downloaded, embedded, or received over
+/// a channel), with the same checks. [`SketchError::Format`] names the file as `<memory>`.
+pub fn load_sklinear_from_bytes<B: Backend>(
+    bytes: &[u8],
+    prefix: &str,
+    device: &B::Device,
+) -> Result<SkLinear<B>, SketchError> {
+    read_sklinear(bytes, Path::new("<memory>"), prefix, device)
+}
+
+fn read_sklinear<B: Backend>(
+    bytes: &[u8],
+    path: &Path,
+    prefix: &str,
+    device: &B::Device,
+) -> Result<SkLinear<B>, SketchError> {
     let format_error = |message: String| SketchError::Format {
         path: path.to_path_buf(),
         message,
     };
     // `torch.save` writes a zip archive (PyTorch ≥ 1.6) or, before that, a bare pickle.
     if bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(&[0x80]) {
-        let file = TorchFile::parse(&bytes).map_err(format_error)?;
+        let file = TorchFile::parse(bytes).map_err(format_error)?;
         from_state_dict(&file, prefix, device)
     } else {
-        let file = SafeTensors::deserialize(&bytes).map_err(|err| format_error(err.to_string()))?;
+        let file = SafeTensors::deserialize(bytes).map_err(|err| format_error(err.to_string()))?;
         from_state_dict(&file, prefix, device)
     }
 }

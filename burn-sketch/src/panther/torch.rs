@@ -6,7 +6,8 @@
 //! declares, and the storage must be present, in full, in the file. A damaged checkpoint is an
 //! error that names the tensor, never a layer with zeros where weights were. Strides are
 //! honoured, so a tensor saved as a view (a transpose, a slice) loads with the values PyTorch
-//! shows for it.
+//! shows for it; views that repeat elements (broadcasts) are refused, so that the memory a
+//! file can ask for is bounded by its size.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -169,6 +170,16 @@ impl<'a> TorchFile<'a> {
                 reach - 1,
                 entry.storage,
                 entry.storage_numel
+            )));
+        }
+        // A view whose elements overlap (a broadcast, stride 0) would expand a few stored
+        // bytes into any number of values: a small file could ask for all of memory. Views
+        // without overlap (transposes, slices) never hold more elements than they span.
+        if numel > reach {
+            return Err(corrupt(format!(
+                "shape {:?} with strides {:?} repeats storage elements (a broadcast view); \
+                 save a contiguous copy",
+                entry.shape, entry.stride
             )));
         }
         let size = kind.size() as u64;

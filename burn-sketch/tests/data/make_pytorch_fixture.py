@@ -24,7 +24,8 @@ Files:
   its storage), `sklinear_offset_past_end.pt` (`U1s` starts past its storage),
   `sklinear_missing_data.pt` (`U2s`'s data file is not in the archive), `sklinear_huge.pt`
   (a layer 10^9 wide whose storages declare 10^9 elements but hold a few), and
-  `sklinear_legacy_truncated.pt` (the legacy file cut inside its last storage).
+  `sklinear_legacy_truncated.pt` (the legacy file cut inside its last storage),
+  `sklinear_broadcast.pt` (`bias` a stride-0 view of one element).
 
 Run from this directory: `python3 make_pytorch_fixture.py`.
 """
@@ -238,3 +239,7 @@ for index, (name, shape) in enumerate(
 ):
     huge[name] = Tensor(Storage(str(index), numel(shape), f32([0.5] * 4)), shape)
 write_zip("sklinear_huge.pt", huge)
+
+broadcast = contiguous_state()
+broadcast["fc.bias"] = Tensor(Storage("4", 1, f32([0.5])), [D_OUT], stride=[0])
+write_zip("sklinear_broadcast.pt", broadcast)

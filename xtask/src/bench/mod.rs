@@ -33,7 +33,7 @@ use measure::Settings;
 pub use roofline::DeviceModel;
 
 /// Backends the suite can run on.
-#[derive(Debug, Clone, Copy, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
     /// CPU, through ndarray.
     Ndarray,
@@ -150,6 +150,10 @@ pub fn run(args: &BenchArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
         .collect();
     if points.is_empty() {
         return Err(format!("no point matches the filter {:?}", args.filter).into());
+    }
+    if args.backend == BackendKind::Wgpu {
+        // Before CubeCL's device thread looks for the adapter and panics without one.
+        burn_memory::wgpu_adapter()?;
     }
     use burn::backend::{NdArray, Wgpu};
     use half::{bf16, f16};
