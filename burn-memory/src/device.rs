@@ -25,6 +25,10 @@ pub enum MemorySource {
 pub struct MemoryStream(pub(crate) u64);
 
 /// A backend whose device memory can be read.
+///
+/// On `Wgpu`, the first query is a first use of the device: without a graphics adapter CubeCL
+/// panics on its device thread. Check with `burn_memory::wgpu_adapter()` first where
+/// no driver may be installed.
 pub trait DeviceMemory: Backend {
     /// Where this backend's tensors live.
     const SOURCE: MemorySource;

@@ -15,6 +15,11 @@
 //! The product runs through [`SketchBackend`], so backends with a faster implementation
 //! (the fused CubeCL kernels) are picked up with no change to model code.
 //!
+//! On `Wgpu`, the first use of a device (building a layer, a tensor) is where CubeCL looks for
+//! a graphics adapter, and without one it panics on its device thread: programs that may run
+//! where no Vulkan or Metal driver is installed call `burn_memory::wgpu_adapter()` first, which
+//! returns an error saying what to install.
+//!
 //! ```
 //! use burn::backend::{Autodiff, NdArray};
 //! use burn::tensor::Tensor;

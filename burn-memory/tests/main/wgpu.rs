@@ -246,3 +246,34 @@ fn chunked_inference_equals_one_pass_on_wgpu() {
         .into_data();
     whole.assert_approx_eq::<f32>(&chunked, Tolerance::absolute(1e-6));
 }
+
+/// The adapter probe finds lavapipe (or a GPU) here.
+#[test]
+fn wgpu_adapter_is_found_here() {
+    let adapter = burn_memory::wgpu_adapter().unwrap();
+    assert!(!adapter.is_empty());
+}
+
+/// Without any Vulkan driver (the loader pointed at a driver list that does not exist, in a
+/// process of its own), the probe returns `NoDevice` with what to install, instead of
+/// CubeCL's panic on its device thread.
+#[test]
+fn without_a_driver_the_wgpu_probe_names_what_to_install() {
+    crate::own_process::in_own_process(
+        "wgpu::without_a_driver_the_wgpu_probe_names_what_to_install",
+        || {
+            // SAFETY: the child runs this test alone, before anything reads the environment.
+            unsafe {
+                std::env::set_var("VK_ICD_FILENAMES", "/nonexistent/icd.json");
+                std::env::set_var("VK_DRIVER_FILES", "/nonexistent/icd.json");
+            }
+            match burn_memory::wgpu_adapter() {
+                Err(err @ burn_memory::MemoryError::NoDevice { .. }) => {
+                    let message = err.to_string();
+                    assert!(message.contains("mesa-vulkan-drivers"), "{message}");
+                }
+                other => panic!("expected NoDevice without a driver, got {other:?}"),
+            }
+        },
+    );
+}

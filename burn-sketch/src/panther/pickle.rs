@@ -262,7 +262,7 @@ impl<'a> Unpickler<'a> {
     }
 
     fn set_items(&mut self, items: Vec<usize>) -> Result<(), PickleError> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err("odd number of dict items".into());
         }
         let dict = self.top()?;
