@@ -7,6 +7,9 @@
 //! - [`MemoryMonitor`]: samples a device on a background thread into a [`Timeline`] with
 //!   labelled phases, exported as CSV and plotted (PNG or SVG).
 //! - [`Checkpointing`]: selects Burn's autodiff checkpointing strategy for a training job.
+//! - [`segmented_backward`]: segment checkpointing (`checkpoint_sequential`) for any layer
+//!   sequence that implements [`Layers`]: only segment inputs are kept, each segment is
+//!   recomputed in the backward pass.
 //! - [`MixedPrecision`]: half-precision forward with f32 master weights and dynamic loss
 //!   scaling that skips steps with non-finite gradients; [`SharedMixedPrecision`] keeps its
 //!   state in a model, saved with the model's checkpoints.
@@ -51,6 +54,7 @@ mod metric;
 mod monitor;
 mod plot;
 mod process;
+mod segments;
 mod tracker;
 mod usage;
 
@@ -73,6 +77,7 @@ pub use heap::CountingAllocator;
 pub use metric::{DeviceMemoryMetric, MemoryQuantity};
 pub use monitor::{MemoryMonitor, Phase, Sample, Timeline, TimelineStats};
 pub use plot::{PlotFormat, register_plot_font};
+pub use segments::{Layers, SegmentedGrads, Segments, segmented_backward};
 pub use tracker::{MemoryReport, MemoryTracker};
 pub use usage::{Bytes, MemoryUsage};
 

@@ -7,6 +7,7 @@
 //! cargo run --release -p examples --example train_mnist -- --dense   # the dense baseline
 //! cargo run --release -p examples --example train_mnist -- --epochs 12 --resume
 //! cargo run --release -p examples --example train_mnist -- --auto-batch 400 --checkpointing
+//! cargo run --release -p examples --example train_mnist -- --checkpoint-segments 2
 //! cargo run --release -p examples --example train_mnist -- --backend wgpu --amp f16
 //! cargo run --release -p examples --features cuda --example train_mnist -- --backend cuda
 //! ```
@@ -14,7 +15,7 @@
 //! The data is the 10,000-digit sample embedded in `examples/data/mnist10k` (8,000 train,
 //! 2,000 test); `--data DIR` reads a full MNIST in the same IDX format. Logs and a checkpoint
 //! per epoch go to `--dir` (default `target/train_mnist/<sketched|dense>`); `--resume`
-//! continues from its newest checkpoint.
+//! continues from its newest complete checkpoint.
 
 use std::path::PathBuf;
 
@@ -79,6 +80,10 @@ struct Args {
     /// Gradient checkpointing: recompute memory-bound activations in backward.
     #[arg(long)]
     checkpointing: bool,
+    /// Segment checkpointing: split the layers (hidden layers and the output layer) into N
+    /// segments, keep only their inputs in the forward pass, recompute each in backward.
+    #[arg(long, value_name = "N")]
+    checkpoint_segments: Option<usize>,
     /// Pick the batch size: the largest whose training step peaks within this many MB.
     #[arg(long, value_name = "MB")]
     auto_batch: Option<u64>,
@@ -108,6 +113,7 @@ fn main() -> anyhow::Result<()> {
         .with_seed(args.seed)
         .with_train_limit(args.train_limit)
         .with_auto_batch_mb(args.auto_batch)
+        .with_checkpoint_segments(args.checkpoint_segments)
         .with_amp(args.amp.map(|kind| match kind {
             AmpKind::F16 => Precision::F16,
             AmpKind::Bf16 => Precision::Bf16,

@@ -9,7 +9,7 @@ use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor};
 use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
-use burn_memory::{MixedPrecision, SharedMixedPrecision};
+use burn_memory::{Layers, MixedPrecision, Segments, SharedMixedPrecision, segmented_backward};
 use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
 
 use crate::data::DigitBatch;
@@ -48,6 +48,10 @@ pub struct Mlp<B: Backend> {
     /// `TrainStep` takes `&self`, yet the loss scale changes between steps) and saved with its
     /// checkpoints.
     amp: SharedMixedPrecision<B>,
+    /// Segment checkpointing of the training step (burn-memory), if on: a run-time choice, not
+    /// part of the model's record.
+    #[module(skip)]
+    segments: Option<Segments>,
 }
 
 impl MlpConfig {
@@ -72,20 +76,35 @@ impl MlpConfig {
             dense,
             output: LinearConfig::new(last, self.classes).init(device),
             amp: SharedMixedPrecision::none(),
+            segments: None,
         }
     }
 }
 
 impl<B: SketchBackend> Mlp<B> {
     /// Logits `[n, classes]` for inputs `[n, d_input]`.
-    pub fn forward(&self, mut x: Tensor<B, 2>) -> Tensor<B, 2> {
-        for layer in &self.sketched {
-            x = relu(layer.forward(x));
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        (0..self.num_layers()).fold(x, |x, index| self.forward_layer(index, x))
+    }
+}
+
+/// The layers segment checkpointing splits: each hidden layer with its ReLU, then the output
+/// layer.
+impl<B: SketchBackend> Layers<B, 2> for Mlp<B> {
+    fn num_layers(&self) -> usize {
+        self.sketched.len() + self.dense.len() + 1
+    }
+
+    fn forward_layer(&self, index: usize, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let dense = index.checked_sub(self.sketched.len());
+        match (
+            self.sketched.get(index),
+            dense.and_then(|i| self.dense.get(i)),
+        ) {
+            (Some(layer), _) => relu(layer.forward(x)),
+            (None, Some(layer)) => relu(layer.forward(x)),
+            (None, None) => self.output.forward(x),
         }
-        for layer in &self.dense {
-            x = relu(layer.forward(x));
-        }
-        self.output.forward(x)
     }
 }
 
@@ -108,6 +127,7 @@ impl<B: Backend> Mlp<B> {
             dense: Vec::new(),
             output: self.output.clone(),
             amp: self.amp.clone(),
+            segments: self.segments.clone(),
         })
     }
 
@@ -132,6 +152,16 @@ impl<B: Backend> Mlp<B> {
     pub fn with_amp(mut self, amp: MixedPrecision) -> Self {
         self.amp = SharedMixedPrecision::new(amp);
         self
+    }
+
+    /// The model trained with segment checkpointing (burn-memory's `segmented_backward`):
+    /// its training steps keep only the inputs of `segments` and recompute each segment in the
+    /// backward pass. Fails if `segments` does not fit the model's layers (hidden layers and
+    /// the output layer).
+    pub fn with_segments(mut self, segments: Segments) -> Result<Self, burn_memory::MemoryError> {
+        segments.ranges(self.sketched.len() + self.dense.len() + 1)?;
+        self.segments = Some(segments);
+        Ok(self)
     }
 
     /// The mixed-precision state (current loss scale, skipped steps), if training uses it.
@@ -177,11 +207,15 @@ fn classification<B: Backend>(
 impl<B> TrainStep for Mlp<B>
 where
     B: AutodiffBackend + SketchBackend,
+    B::InnerBackend: SketchBackend,
 {
     type Input = DigitBatch<B>;
     type Output = ClassificationOutput<B>;
 
     fn step(&self, batch: DigitBatch<B>) -> TrainOutput<ClassificationOutput<B>> {
+        if let Some(segments) = &self.segments {
+            return self.segmented_step(segments, batch);
+        }
         let Some(mut amp) = self.amp.lock() else {
             let item = self.forward_classification(batch);
             return TrainOutput::new(self, item.loss.backward(), item);
@@ -197,6 +231,49 @@ where
         // No gradients at all: the learner's optimizer then leaves the model alone.
         let grads = amp.unscale(self, scaled).unwrap_or_default();
         TrainOutput { grads, item }
+    }
+}
+
+impl<B> Mlp<B>
+where
+    B: AutodiffBackend + SketchBackend,
+    B::InnerBackend: SketchBackend,
+{
+    /// The training step with segment checkpointing, under mixed precision if it is on.
+    fn segmented_step(
+        &self,
+        segments: &Segments,
+        batch: DigitBatch<B>,
+    ) -> TrainOutput<ClassificationOutput<B>> {
+        let mut item = None;
+        // The loss inside the last segment's graph; the classification output (logits, loss)
+        // is kept for the learner's metrics.
+        let loss = |logits: Tensor<B, 2>| {
+            let out = classification(logits.cast(DType::F32), batch.targets.clone());
+            let loss = out.loss.clone();
+            item = Some(out);
+            loss
+        };
+        let images = batch.images.clone();
+        // `with_segments` checked the split against the layers.
+        const FITS: &str = "segments checked by with_segments";
+        let grads = match self.amp.lock() {
+            None => {
+                segmented_backward(self, images, segments, loss)
+                    .expect(FITS)
+                    .grads
+            }
+            Some(mut amp) => {
+                let scaled = amp
+                    .segmented_backward(self, images, segments, loss)
+                    .expect(FITS);
+                amp.unscale(self, scaled.grads).unwrap_or_default()
+            }
+        };
+        TrainOutput {
+            grads,
+            item: item.expect("the loss ran"),
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use burn::train::metric::{AccuracyMetric, CpuUse, LossMetric};
 use burn::train::{Learner, SupervisedTraining, TrainStep};
 use burn_memory::{
     BatchSizeSearchConfig, DeviceMemory, DeviceMemoryMetric, LossScale, MemoryBudget,
-    MixedPrecision, MixedPrecisionConfig, Precision,
+    MixedPrecision, MixedPrecisionConfig, Precision, Segments,
 };
 use burn_sketch::SketchBackend;
 
@@ -64,6 +64,10 @@ pub struct TrainingConfig {
     /// loss scale, bf16 unscaled (it has f32's range). The backend must support the type.
     #[config(default = "None")]
     pub amp: Option<Precision>,
+    /// Segment checkpointing of each training step in this many segments (burn-memory's
+    /// `segmented_backward`): only their inputs are kept, each is recomputed in backward.
+    #[config(default = "None")]
+    pub checkpoint_segments: Option<usize>,
 }
 
 /// Why a run could not start.
@@ -156,7 +160,10 @@ where
         None => model,
     };
     B::seed(device, config.seed);
-    let model = with_amp(config.model.init(device));
+    let mut model = with_amp(config.model.init(device));
+    if let Some(count) = config.checkpoint_segments {
+        model = model.with_segments(Segments::Count(count))?;
+    }
     let train_data = DigitDataset::new(train_set);
     let batch_size = match config.auto_batch_mb {
         Some(mb) => {
@@ -236,6 +243,7 @@ fn search_batch_size<B>(
 ) -> Result<usize, TrainingError>
 where
     B: AutodiffBackend + SketchBackend + DeviceMemory,
+    B::InnerBackend: SketchBackend,
 {
     let search = BatchSizeSearchConfig::new(MemoryBudget::Bytes(budget_mb * 1_000_000))
         .with_start(16.min(max))

@@ -15,4 +15,5 @@ mod heap;
 mod ndarray;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;
+mod segments;
 mod wgpu;

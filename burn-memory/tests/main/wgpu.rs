@@ -277,3 +277,10 @@ fn without_a_driver_the_wgpu_probe_names_what_to_install() {
         },
     );
 }
+
+/// Segment checkpointing's gradients on wgpu equal the plain backward's there.
+#[test]
+fn segmented_gradients_match_the_plain_backward() {
+    let _device = exclusive();
+    crate::segments::gradients_match_the_plain_backward::<Autodiff<W>>(&device());
+}
