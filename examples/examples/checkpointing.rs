@@ -246,6 +246,13 @@ where
     let mut rows = Vec::new();
     let mut record = |config: &'static str, (peak, ms): (u64, f64), err: Option<f64>| {
         bar.inc(1);
+        // Without a terminal the bar is hidden: a line per row shows the progress instead.
+        if bar.is_hidden() {
+            eprintln!(
+                "{kind:?} {config}: peak {:.1} MB, step {ms:.1} ms",
+                peak as f64 / 1e6
+            );
+        }
         rows.push(Row {
             model: kind,
             config,

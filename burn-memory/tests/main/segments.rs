@@ -257,6 +257,33 @@ fn mixed_precision_skips_a_step_whose_segment_overflows() {
         .assert_eq(&before, true);
 }
 
+/// Gradient accumulation composes: two half-batches' segmented gradients (each loss halved),
+/// accumulated, equal the whole batch's.
+#[test]
+fn segmented_gradients_accumulate() {
+    use burn::optim::GradientsAccumulator;
+    let device = Default::default();
+    let model = Deep::<A>::new(&[5, 8, 8, 8, 6], &device);
+    let x = Tensor::<A, 2>::random([8, 5], Distribution::Default, &device);
+    let whole = segmented_backward(&model, x.clone(), &Segments::Count(2), |o| model.loss(o))
+        .unwrap()
+        .grads;
+    let mut accumulator = GradientsAccumulator::new();
+    for half in 0..2 {
+        let part = x.clone().narrow(0, half * 4, 4);
+        let step = segmented_backward(&model, part, &Segments::Count(2), |o| {
+            model.loss(o).div_scalar(2.0)
+        })
+        .unwrap();
+        accumulator.accumulate(&model, step.grads);
+    }
+    let accumulated = accumulator.grads();
+    for ((id, got), (_, want)) in flat(&model, &accumulated).iter().zip(&flat(&model, &whole)) {
+        let err = rel_err(got, want);
+        assert!(err <= 1e-5, "parameter {id} deviates by {err}");
+    }
+}
+
 #[test]
 fn gradients_match_the_plain_backward_on_ndarray() {
     gradients_match_the_plain_backward::<A>(&Default::default());
