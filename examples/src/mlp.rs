@@ -92,7 +92,7 @@ impl<B: SketchBackend> Mlp<B> {
 /// layer.
 impl<B: SketchBackend> Layers<B, 2> for Mlp<B> {
     fn num_layers(&self) -> usize {
-        self.sketched.len() + self.dense.len() + 1
+        self.layer_count()
     }
 
     fn forward_layer(&self, index: usize, x: Tensor<B, 2>) -> Tensor<B, 2> {
@@ -159,9 +159,14 @@ impl<B: Backend> Mlp<B> {
     /// backward pass. Fails if `segments` does not fit the model's layers (hidden layers and
     /// the output layer).
     pub fn with_segments(mut self, segments: Segments) -> Result<Self, burn_memory::MemoryError> {
-        segments.ranges(self.sketched.len() + self.dense.len() + 1)?;
+        segments.ranges(self.layer_count())?;
         self.segments = Some(segments);
         Ok(self)
+    }
+
+    /// The layers segment checkpointing splits: the hidden layers and the output layer.
+    fn layer_count(&self) -> usize {
+        self.sketched.len() + self.dense.len() + 1
     }
 
     /// The mixed-precision state (current loss scale, skipped steps), if training uses it.
