@@ -2,11 +2,14 @@
 //!
 //! - `bench`: the benchmark suite of `SkLinear` against dense `nn::Linear`; see
 //!   `cargo xtask bench --help`.
+//! - `products`: the six matrix products of a sketched training step on each CPU GEMM engine
+//!   (Flex's `matmul`, ndarray's, the `gemm` crate direct); see `cargo xtask products --help`.
 //!
 //! The binary also runs on its own (`target/release/xtask bench ...`), so it can be copied to a
 //! machine without cargo.
 
 mod bench;
+mod products;
 
 /// Benchmarks run on mimalloc. On CPU backends every call allocates its output, and glibc's
 /// allocator hands large freed blocks back to the OS and page-faults them in again on the next
@@ -30,6 +33,8 @@ use clap::Parser;
 enum Task {
     /// Time SkLinear against dense Linear over a grid of shapes.
     Bench(bench::BenchArgs),
+    /// Time a sketched layer's six matrix products on each CPU GEMM engine.
+    Products(products::ProductsArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +46,13 @@ fn main() -> ExitCode {
             }
             Err(err) => {
                 eprintln!("bench failed: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        Task::Products(args) => match products::run(&args) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("products failed: {err}");
                 ExitCode::FAILURE
             }
         },

@@ -9,7 +9,7 @@
 //! | backend | feature | path |
 //! |---|---|---|
 //! | `NdArray` | `ndarray` | its own: direct matrix products on the arrays |
-//! | `Flex` | `flex` | the [tensor-op path](tensor_ops) |
+//! | `Flex` | `flex` | its own: `gemm` calls on the buffers, bias and scale fused |
 //! | every `CubeBackend` (`Wgpu`, `Cuda`, `Rocm`, ...) | `cubecl` (`wgpu`, `cuda`) | the `burn-sketch-kernels` kernels or the tensor-op path, by [`KernelStrategy`] |
 //! | `Fusion<B>` | `fusion` | one custom operation in the fusion stream, running `B`'s |
 //! | `Autodiff<B>` | always | one graph node whose backward runs `B`'s |
@@ -24,6 +24,8 @@
 mod autodiff;
 #[cfg(feature = "cubecl")]
 mod cubecl;
+#[cfg(feature = "flex")]
+mod flex;
 #[cfg(feature = "fusion")]
 mod fusion;
 mod gradients;
@@ -79,8 +81,3 @@ pub trait SketchBackend: Backend {
         tensor_ops::sketched_linear_backward(x, weights, grad_output, wanted)
     }
 }
-
-/// Flex, Burn's pure-Rust CPU backend: the tensor-op path, whose products run on Flex's `gemm`
-/// matmuls.
-#[cfg(feature = "flex")]
-impl SketchBackend for burn::backend::Flex {}

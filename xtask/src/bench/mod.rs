@@ -14,7 +14,7 @@ mod memory;
 mod plots;
 mod report;
 mod roofline;
-mod timing;
+pub(crate) mod timing;
 
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -35,6 +35,8 @@ pub use roofline::DeviceModel;
 /// Backends the suite can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendKind {
+    /// CPU, through Flex (Burn's pure-Rust CPU backend, `gemm`-crate products).
+    Flex,
     /// CPU, through ndarray.
     Ndarray,
     /// wgpu (Vulkan, Metal, DX12).
@@ -155,9 +157,13 @@ pub fn run(args: &BenchArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
         // Before CubeCL's device thread looks for the adapter and panics without one.
         burn_memory::wgpu_adapter()?;
     }
-    use burn::backend::{NdArray, Wgpu};
+    use burn::backend::{Flex, NdArray, Wgpu};
     use half::{bf16, f16};
     let rows = match (args.backend, args.dtype) {
+        (BackendKind::Flex, Dtype::F32) => measure_all::<Flex>(&points, args)?,
+        (BackendKind::Flex, dtype) => {
+            return Err(format!("the bench runs Flex in f32, not {dtype:?}").into());
+        }
         (BackendKind::Ndarray, Dtype::F32) => measure_all::<NdArray>(&points, args)?,
         (BackendKind::Ndarray, dtype) => {
             return Err(format!("ndarray computes in f32 and f64, not {dtype:?}").into());

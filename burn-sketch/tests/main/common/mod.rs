@@ -369,6 +369,9 @@ pub fn backend_path_matches_tensor_ops<B: SketchBackend>(
         (20, 50, 33, 2, 80),
         // Long depths over few rows: the kernels split their products' depth.
         (5, 1100, 700, 1, 16),
+        // Enough rows for the CPU paths to split them among threads (an odd count: blocks
+        // of unequal size).
+        (151, 40, 30, 2, 8),
     ] {
         let what = format!("n={rows} d_in={d_in} d_out={d_out} T={t} k={k}");
         let layer = SkLinearConfig::new(d_in, d_out, t, k)

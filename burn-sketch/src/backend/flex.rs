@@ -1,0 +1,509 @@
+//! The sketched product on Flex, as direct `gemm` calls on the backend's buffers.
+//!
+//! The algebra is the tensor-op path's ([`tensor_ops`]) and NdArray's; what this path adds
+//! over Flex's own (already copy-free, `gemm`-based) `matmul` is what a chain of tensor
+//! operations cannot express:
+//! - the four factors are packed once per call into the layer's two dense factors `A` and
+//!   `B` ([packed order](SketchWeights#packed-order)), so each product over `x` or `y` reads
+//!   its big operand once for any `T` (the tensor-op path concatenates `P` and `B` and, for
+//!   `T > 1`, runs a broadcast batched product);
+//! - `1/(2T)` is the `beta` of the product that writes the thin `P` (or `∂P`), not a pass of
+//!   its own;
+//! - the bias is the output's starting value (`gemm`'s `read_dst`), not a second pass over `y`;
+//! - transposed operands (`Bᵀ`, `Aᵀ`, `xᵀ`, `Pᵀ`) are strides handed to `gemm`, never copies,
+//!   and every gradient is written straight into its factor's layout.
+//!
+//! `gemm` threads a product over rayon's pool when it is large enough to pay for it, by its
+//! own size threshold, so every call asks for rayon and lets the library decide.
+//!
+//! Float tensors Flex holds as `f32`, `f64` or `f16` take this path (`f16` products
+//! accumulate as `gemm`'s `f16` kernels do); `bf16`, which Flex multiplies through `f32`
+//! copies, takes the tensor-op path.
+
+use burn::backend::Flex;
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::tensor::{Bytes, DType, Shape, Tensor, f16};
+use rayon::prelude::*;
+
+use super::{
+    KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients, float,
+    tensor_ops,
+};
+
+impl SketchBackend for Flex {
+    fn sketched_linear(
+        x: Tensor<Self, 2>,
+        weights: SketchWeights<Self>,
+        bias: Option<Tensor<Self, 1>>,
+        _strategy: KernelStrategy,
+    ) -> Tensor<Self, 2> {
+        let bias_primitive = bias.clone().map(|bias| bias.into_primitive().tensor());
+        let operands = Operands::new(&x, &weights, bias_primitive);
+        match operands.dtype() {
+            Some(DType::F32) => forward::<f32>(&operands),
+            Some(DType::F64) => forward::<f64>(&operands),
+            Some(DType::F16) => forward::<f16>(&operands),
+            _ => tensor_ops::sketched_linear(x, weights, bias),
+        }
+    }
+
+    fn sketched_linear_backward(
+        x: Tensor<Self, 2>,
+        weights: SketchWeights<Self>,
+        grad_output: Tensor<Self, 2>,
+        wanted: WantedGradients,
+        _strategy: KernelStrategy,
+    ) -> SketchGradients<Self> {
+        let grad_primitive = grad_output.clone().into_primitive().tensor();
+        let operands = Operands::new(&x, &weights, Some(grad_primitive));
+        match operands.dtype() {
+            Some(DType::F32) => backward::<f32>(&operands, wanted),
+            Some(DType::F64) => backward::<f64>(&operands, wanted),
+            Some(DType::F16) => backward::<f16>(&operands, wanted),
+            _ => tensor_ops::sketched_linear_backward(x, weights, grad_output, wanted),
+        }
+    }
+}
+
+/// An element type `gemm` multiplies natively.
+trait Element: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+    const ZERO: Self;
+    const ONE: Self;
+    fn from_f64(value: f64) -> Self;
+    /// The whole buffer behind `tensor` (whose dtype is `DTYPE`).
+    fn storage(tensor: &FlexTensor) -> &[Self];
+    /// `values` as a tensor buffer, without a copy.
+    fn bytes(values: Vec<Self>) -> Bytes;
+}
+
+macro_rules! element {
+    ($ty:ty, $dtype:ident, $zero:expr, $one:expr, $from:expr) => {
+        impl Element for $ty {
+            const DTYPE: DType = DType::$dtype;
+            const ZERO: Self = $zero;
+            const ONE: Self = $one;
+            fn from_f64(value: f64) -> Self {
+                $from(value)
+            }
+            fn storage(tensor: &FlexTensor) -> &[Self] {
+                tensor.storage::<$ty>()
+            }
+            fn bytes(values: Vec<Self>) -> Bytes {
+                Bytes::from_elems(values)
+            }
+        }
+    };
+}
+element!(f32, F32, 0.0, 1.0, |v: f64| v as f32);
+element!(f64, F64, 0.0, 1.0, |v: f64| v);
+element!(f16, F16, f16::ZERO, f16::ONE, f16::from_f64);
+
+/// The primitives of one call: `x`, the four factors, and the bias (forward) or `∂y`
+/// (backward).
+struct Operands {
+    x: FlexTensor,
+    /// `[s1s, s2s, u1s, u2s]`, in whatever layout they have: `SkLinear`'s initialisation
+    /// leaves some as transposed views, which the packing reads through their strides.
+    factors: [FlexTensor; 4],
+    extra: Option<FlexTensor>,
+}
+
+impl Operands {
+    fn new(x: &Tensor<Flex, 2>, weights: &SketchWeights<Flex>, extra: Option<FlexTensor>) -> Self {
+        Self {
+            x: x.clone().into_primitive().tensor(),
+            factors: weights.clone().into_primitives(),
+            extra,
+        }
+    }
+
+    /// The common dtype of every operand, if they share one.
+    fn dtype(&self) -> Option<DType> {
+        let dtype = self.x.dtype();
+        let same = self
+            .factors
+            .iter()
+            .chain(&self.extra)
+            .all(|t| t.dtype() == dtype);
+        same.then_some(dtype)
+    }
+
+    /// `(T, d_input, k, d_output)`.
+    fn dims(&self) -> (usize, usize, usize, usize) {
+        let s1s = self.factors[0].layout().shape();
+        (s1s[0], s1s[1], s1s[2], self.factors[1].layout().shape()[2])
+    }
+
+    /// `A = [S1_1 … S1_T | U2_1 … U2_T]`, `[d_in, 2Tk]`, row-major.
+    fn input_factor<E: Element>(&self) -> Vec<E> {
+        let (terms, d_input, k, _) = self.dims();
+        let halves = [&self.factors[0], &self.factors[3]];
+        let mut packed = Vec::with_capacity(d_input * 2 * terms * k);
+        for row in 0..d_input {
+            for half in halves {
+                for term in 0..terms {
+                    extend_with_run::<E>(&mut packed, half, [term, row], k);
+                }
+            }
+        }
+        packed
+    }
+
+    /// `B = [U1_1; …; U1_T; S2_1; …; S2_T]`, `[2Tk, d_out]`, row-major.
+    fn output_factor<E: Element>(&self) -> Vec<E> {
+        let (terms, _, k, d_output) = self.dims();
+        let mut packed = Vec::with_capacity(2 * terms * k * d_output);
+        for half in [&self.factors[2], &self.factors[1]] {
+            for term in 0..terms {
+                for row in 0..k {
+                    extend_with_run::<E>(&mut packed, half, [term, row], d_output);
+                }
+            }
+        }
+        packed
+    }
+
+    /// `α = 1/(2T)`.
+    fn scale<E: Element>(&self) -> E {
+        E::from_f64(1.0 / (2.0 * self.dims().0 as f64))
+    }
+}
+
+/// Appends `factor[i, j, 0..len]` (a rank-3 tensor, any strides) to `packed`.
+fn extend_with_run<E: Element>(
+    packed: &mut Vec<E>,
+    factor: &FlexTensor,
+    [i, j]: [usize; 2],
+    len: usize,
+) {
+    let layout = factor.layout();
+    let data = E::storage(factor);
+    let strides = layout.strides();
+    let start = layout.start_offset() as isize + i as isize * strides[0] + j as isize * strides[1];
+    if strides[2] == 1 {
+        let start = start as usize;
+        packed.extend_from_slice(&data[start..start + len]);
+    } else {
+        packed.extend((0..len as isize).map(|c| data[(start + c * strides[2]) as usize]));
+    }
+}
+
+/// A strided matrix over a buffer, in elements.
+#[derive(Clone, Copy)]
+struct Matrix<'a, E> {
+    data: &'a [E],
+    offset: usize,
+    rows: usize,
+    cols: usize,
+    row_stride: isize,
+    col_stride: isize,
+}
+
+impl<'a, E: Element> Matrix<'a, E> {
+    /// A row-major `rows × cols` buffer.
+    fn row_major(data: &'a [E], rows: usize, cols: usize) -> Self {
+        assert_eq!(data.len(), rows * cols, "a {rows}×{cols} buffer");
+        Self {
+            data,
+            offset: 0,
+            rows,
+            cols,
+            row_stride: cols as isize,
+            col_stride: 1,
+        }
+    }
+
+    /// The rank-2 tensor `tensor`, through its strides.
+    fn of(tensor: &'a FlexTensor) -> Self {
+        let layout = tensor.layout();
+        let (rows, cols, row_stride, col_stride) = layout.as_2d_strides().expect("a rank-2 tensor");
+        Self {
+            data: E::storage(tensor),
+            offset: layout.start_offset(),
+            rows,
+            cols,
+            row_stride,
+            col_stride,
+        }
+        .checked()
+    }
+
+    /// Rows `start..start + count`.
+    fn rows(self, start: usize, count: usize) -> Self {
+        assert!(start + count <= self.rows, "rows out of range");
+        Self {
+            offset: (self.offset as isize + start as isize * self.row_stride) as usize,
+            rows: count,
+            ..self
+        }
+        .checked()
+    }
+
+    /// Columns `start..start + count`.
+    fn columns(self, start: usize, count: usize) -> Self {
+        assert!(start + count <= self.cols, "columns out of range");
+        Self {
+            offset: (self.offset as isize + start as isize * self.col_stride) as usize,
+            cols: count,
+            ..self
+        }
+        .checked()
+    }
+
+    /// The transpose: the same buffer, strides swapped.
+    fn t(self) -> Self {
+        Self {
+            rows: self.cols,
+            cols: self.rows,
+            row_stride: self.col_stride,
+            col_stride: self.row_stride,
+            ..self
+        }
+    }
+
+    /// Asserts that every element lies inside the buffer: `gemm` reads through raw pointers.
+    fn checked(self) -> Self {
+        if self.rows > 0 && self.cols > 0 {
+            let reach = |size: usize, stride: isize| (size as isize - 1) * stride;
+            let (r, c) = (
+                reach(self.rows, self.row_stride),
+                reach(self.cols, self.col_stride),
+            );
+            let low = self.offset as isize + r.min(0) + c.min(0);
+            let high = self.offset as isize + r.max(0) + c.max(0);
+            assert!(
+                low >= 0 && (high as usize) < self.data.len(),
+                "a strided view outside its buffer"
+            );
+        }
+        self
+    }
+
+    fn ptr(&self) -> *const E {
+        self.data.as_ptr().wrapping_add(self.offset)
+    }
+}
+
+/// How a product's rows are shared among rayon's threads.
+#[derive(Clone, Copy)]
+struct Blocks {
+    /// Rows per block (the last may have fewer).
+    rows: usize,
+    /// What each block's `gemm` call may use.
+    parallelism: gemm::Parallelism,
+}
+
+impl Blocks {
+    /// Rows a block needs for a single-threaded `gemm` to run at full speed on it.
+    const MIN_ROWS: usize = 32;
+
+    /// One block per thread, each a single-threaded `gemm`, when every block gets
+    /// [`MIN_ROWS`](Self::MIN_ROWS); otherwise one block that `gemm` threads itself.
+    ///
+    /// Why split the rows ourselves: the sketched products are thin (`2Tk` columns or a
+    /// `2Tk` inner dimension), and `gemm`'s own threading splits them less evenly than
+    /// independent row blocks, which share nothing but the read-only right operand (`cargo
+    /// xtask products` measures both).
+    fn of(rows: usize) -> Self {
+        let threads = rayon::current_num_threads();
+        if threads > 1 && rows >= threads * Self::MIN_ROWS {
+            Self {
+                rows: rows.div_ceil(threads),
+                parallelism: gemm::Parallelism::None,
+            }
+        } else {
+            Self {
+                rows: rows.max(1),
+                parallelism: gemm::Parallelism::Rayon(0),
+            }
+        }
+    }
+}
+
+/// `dst = beta·lhs·rhs`, or `dst += beta·lhs·rhs` with `accumulate`, for a row-major `dst`,
+/// its rows in [`Blocks`].
+fn product<E: Element>(
+    dst: &mut [E],
+    lhs: Matrix<'_, E>,
+    rhs: Matrix<'_, E>,
+    beta: E,
+    accumulate: bool,
+) {
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    assert_eq!(rhs.rows, k, "inner dimensions");
+    assert_eq!(dst.len(), m * n, "a {m}×{n} destination");
+    if n == 0 {
+        return;
+    }
+    let blocks = Blocks::of(m);
+    dst.par_chunks_mut(blocks.rows * n)
+        .enumerate()
+        .for_each(|(i, block)| {
+            let lhs = lhs.rows(i * blocks.rows, block.len() / n);
+            gemm(block, lhs, rhs, beta, accumulate, blocks.parallelism);
+        });
+}
+
+/// One `gemm` call: `dst = beta·lhs·rhs`, or `+=` with `accumulate`, `dst` row-major.
+fn gemm<E: Element>(
+    dst: &mut [E],
+    lhs: Matrix<'_, E>,
+    rhs: Matrix<'_, E>,
+    beta: E,
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    debug_assert!(rhs.rows == k && dst.len() == m * n);
+    // SAFETY: `dst` holds the m×n row-major result and `Matrix::checked` keeps every element
+    // of both operands inside their buffers; `gemm` dispatches on `E` (f32, f64, f16).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.ptr(),
+            lhs.col_stride,
+            lhs.row_stride,
+            rhs.ptr(),
+            rhs.col_stride,
+            rhs.row_stride,
+            E::ONE,
+            beta,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// A contiguous Flex tensor of `shape` over `values`.
+fn tensor<E: Element, const D: usize>(values: Vec<E>, shape: [usize; D]) -> Tensor<Flex, D> {
+    let layout = Layout::contiguous(Shape::new(shape));
+    float(FlexTensor::new(E::bytes(values), layout, E::DTYPE))
+}
+
+/// The rank-1 `tensor`'s values, through its stride.
+fn values<E: Element>(tensor: &FlexTensor) -> Vec<E> {
+    let layout = tensor.layout();
+    let data = E::storage(tensor);
+    let (offset, stride) = (layout.start_offset() as isize, layout.strides()[0]);
+    (0..layout.shape()[0] as isize)
+        .map(|i| data[(offset + i * stride) as usize])
+        .collect()
+}
+
+/// `y = α·(x·A)·B + bias`: `P = α·x·A`, then one product into `y` pre-filled with the bias.
+fn forward<E: Element>(operands: &Operands) -> Tensor<Flex, 2> {
+    let (terms, d_input, k, d_output) = operands.dims();
+    let rank = 2 * terms * k;
+    let x = Matrix::<E>::of(&operands.x);
+    let rows = x.rows;
+
+    let (a, b) = rayon::join(
+        || operands.input_factor::<E>(),
+        || operands.output_factor::<E>(),
+    );
+    let mut p = vec![E::ZERO; rows * rank];
+    product(
+        &mut p,
+        x,
+        Matrix::row_major(&a, d_input, rank),
+        operands.scale(),
+        false,
+    );
+    drop(a);
+    let (mut y, accumulate) = match &operands.extra {
+        Some(bias) => (values::<E>(bias).repeat(rows), true),
+        None => (vec![E::ZERO; rows * d_output], false),
+    };
+    product(
+        &mut y,
+        Matrix::row_major(&p, rows, rank),
+        Matrix::row_major(&b, rank, d_output),
+        E::ONE,
+        accumulate,
+    );
+    tensor(y, [rows, d_output])
+}
+
+/// The closed forms of [`tensor_ops::sketched_linear_backward`] with `A` and `B` packed:
+/// `∂P = α·∂y·Bᵀ`, `∂x = ∂P·Aᵀ`, `∂S1_t`/`∂U2_t` = `xᵀ·∂P` (term `t`'s block of columns),
+/// and `∂U1`/`∂S2` = `(α·x·A)ᵀ·∂y` (their half). Each gradient is written in its factor's
+/// layout: `[T, d_in, k]` one term per product, `[T, k, d_out]` (a `[Tk, d_out]` matrix) one
+/// half per product. `A` and `B` are dropped once their products are done.
+fn backward<E: Element>(operands: &Operands, wanted: WantedGradients) -> SketchGradients<Flex> {
+    let (terms, d_input, k, d_output) = operands.dims();
+    let (half, rank) = (terms * k, 2 * terms * k);
+    let x = Matrix::<E>::of(&operands.x);
+    let grad_output = Matrix::<E>::of(operands.extra.as_ref().expect("∂y"));
+    let rows = x.rows;
+    let scale = operands.scale::<E>();
+
+    let grad_p = (wanted.x || wanted.s1s || wanted.u2s).then(|| {
+        let b = operands.output_factor::<E>();
+        let mut grad_p = vec![E::ZERO; rows * rank];
+        product(
+            &mut grad_p,
+            grad_output,
+            Matrix::row_major(&b, rank, d_output).t(),
+            scale,
+            false,
+        );
+        grad_p
+    });
+    let (grad_x, p) = {
+        let a = (wanted.x || wanted.u1s || wanted.s2s).then(|| operands.input_factor::<E>());
+        let a = a.as_deref().map(|a| Matrix::row_major(a, d_input, rank));
+        let grad_x = grad_p.as_deref().filter(|_| wanted.x).map(|grad_p| {
+            let mut grad_x = vec![E::ZERO; rows * d_input];
+            let grad_p = Matrix::row_major(grad_p, rows, rank);
+            product(&mut grad_x, grad_p, a.expect("packed").t(), E::ONE, false);
+            tensor(grad_x, [rows, d_input])
+        });
+        let p = (wanted.u1s || wanted.s2s).then(|| {
+            let mut p = vec![E::ZERO; rows * rank];
+            product(&mut p, x, a.expect("packed"), scale, false);
+            p
+        });
+        (grad_x, p)
+    };
+
+    // Half `h` (0: S1, 1: U2) of `∂A`, as `[T, d_in, k]`.
+    let input_grad = |h: usize| {
+        let grad_p = Matrix::row_major(grad_p.as_deref().expect("wanted"), rows, rank);
+        let mut out = vec![E::ZERO; terms * d_input * k];
+        for (t, term) in out.chunks_exact_mut(d_input * k).enumerate() {
+            let block = grad_p.columns((h * terms + t) * k, k);
+            product(term, x.t(), block, E::ONE, false);
+        }
+        tensor(out, [terms, d_input, k])
+    };
+    // Half `h` (0: U1, 1: S2) of `∂B`, as `[T, k, d_out]`.
+    let output_grad = |h: usize| {
+        let p = Matrix::row_major(p.as_deref().expect("wanted"), rows, rank);
+        let mut out = vec![E::ZERO; half * d_output];
+        product(
+            &mut out,
+            p.columns(h * half, half).t(),
+            grad_output,
+            E::ONE,
+            false,
+        );
+        tensor(out, [terms, k, d_output])
+    };
+
+    SketchGradients {
+        x: grad_x,
+        s1s: wanted.s1s.then(|| input_grad(0)),
+        u2s: wanted.u2s.then(|| input_grad(1)),
+        u1s: wanted.u1s.then(|| output_grad(0)),
+        s2s: wanted.s2s.then(|| output_grad(1)),
+    }
+}
