@@ -10,7 +10,9 @@ use burn_memory::CountingAllocator;
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator::system();
 
+mod amp;
 mod batch_search;
+mod flex;
 mod heap;
 mod ndarray;
 #[path = "../../../testing/own_process.rs"]

@@ -8,12 +8,10 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::{Autodiff, Wgpu};
 use burn::module::{Module, Param};
 use burn::nn::{Linear, LinearConfig};
-use burn::optim::{AdamConfig, GradientsParams};
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Distribution, Tensor, TensorData, Tolerance};
+use burn::tensor::{Distribution, Tensor, TensorData, Tolerance};
 use burn_memory::{
-    Checkpointing, MemoryMonitor, MemoryTracker, MixedPrecisionConfig, Precision, StepOutcome,
-    WithAutodiff, chunked_forward,
+    Checkpointing, MemoryMonitor, MemoryTracker, Precision, WithAutodiff, chunked_forward,
 };
 
 type W = Wgpu;
@@ -198,40 +196,7 @@ fn checkpointing_lowers_the_backward_peak_with_identical_gradients() {
 #[test]
 fn f16_mixed_precision_training_reduces_the_loss() {
     let _device = exclusive();
-    type A = Autodiff<W>;
-    let device = device();
-    A::seed(&device, 3);
-    let mut model = LinearConfig::new(16, 4).init::<A>(&device);
-    let target = LinearConfig::new(16, 4).init::<A>(&device);
-    let mut optim = AdamConfig::new().init();
-    let mut amp = MixedPrecisionConfig::new()
-        .with_compute(Precision::F16)
-        .init::<A>(&device)
-        .unwrap();
-    let x = Tensor::<A, 2>::random([64, 16], Distribution::Default, &device);
-    let y = target.forward(x.clone()).detach();
-
-    let mut losses = Vec::new();
-    for _ in 0..40 {
-        let out = amp.cast_module(&model).forward(amp.cast_input(x.clone()));
-        assert_eq!(out.dtype(), DType::F16, "the forward pass must run in f16");
-        let loss = (out.cast(DType::F32) - y.clone()).powi_scalar(2).mean();
-        losses.push(loss.clone().into_scalar());
-        let grads = GradientsParams::from_grads(amp.scale_loss(loss).backward(), &model);
-        let outcome;
-        (model, outcome) = amp.step(&mut optim, 1e-2, model, grads);
-        assert_eq!(outcome, StepOutcome::Applied);
-    }
-    assert_eq!(
-        model.weight.val().dtype(),
-        DType::F32,
-        "master weights stay f32"
-    );
-    let (first, last) = (losses[0], *losses.last().unwrap());
-    assert!(
-        last < 0.5 * first,
-        "f16 training did not learn: loss {first} -> {last}"
-    );
+    crate::amp::training_reduces_the_loss::<Autodiff<W>>(&device(), Precision::F16);
 }
 
 #[test]
