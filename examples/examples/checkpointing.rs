@@ -51,7 +51,7 @@ static ALLOCATOR: CountingAllocator = CountingAllocator::system();
 #[command(about = "Memory and time of a deep MLP's training step under checkpointing and AMP")]
 struct Args {
     /// Backend to measure on (AMP rows need f16: wgpu or cuda).
-    #[arg(long, value_enum, default_value = "ndarray")]
+    #[arg(long, value_enum, default_value = "flex")]
     backend: BackendKind,
     /// Hidden layers (each a linear layer and a ReLU).
     #[arg(long, default_value_t = 24)]

@@ -39,7 +39,7 @@ const F32: usize = 4;
 #[command(about = "Memory of dense against sketched linear layers")]
 struct Args {
     /// Backend to measure on.
-    #[arg(long, value_enum, default_value = "ndarray")]
+    #[arg(long, value_enum, default_value = "flex")]
     backend: BackendKind,
     /// Rows per forward pass.
     #[arg(long, default_value_t = 256)]

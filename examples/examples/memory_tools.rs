@@ -34,7 +34,7 @@ static ALLOCATOR: burn_memory::CountingAllocator = burn_memory::CountingAllocato
 #[derive(Debug, Parser)]
 #[command(about = "Run and measure burn-memory's tools")]
 struct Args {
-    #[arg(long, value_enum, default_value = "ndarray")]
+    #[arg(long, value_enum, default_value = "flex")]
     backend: BackendKind,
     /// Output directory (default `target/memory_tools/<backend>`).
     #[arg(long)]

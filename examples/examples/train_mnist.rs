@@ -39,7 +39,7 @@ static ALLOCATOR: burn_memory::CountingAllocator<mimalloc::MiMalloc> =
 #[command(about = "Train an MNIST MLP with sketched hidden layers")]
 struct Args {
     /// Backend to train on.
-    #[arg(long, value_enum, default_value = "ndarray")]
+    #[arg(long, value_enum, default_value = "flex")]
     backend: BackendKind,
     /// Passes over the training set (in total, when resuming).
     #[arg(long, default_value_t = 8)]
@@ -88,7 +88,7 @@ struct Args {
     #[arg(long, value_name = "MB")]
     auto_batch: Option<u64>,
     /// Mixed precision: forward and backward in f16 (dynamic loss scaling) or bf16, over f32
-    /// weights. Needs a backend with that type (wgpu; NdArray has only f32/f64).
+    /// weights. Needs a backend with that type (Flex, wgpu; NdArray has only f32/f64).
     #[arg(long, value_enum)]
     amp: Option<AmpKind>,
 }

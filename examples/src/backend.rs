@@ -3,7 +3,9 @@
 /// A backend the examples run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {
-    /// CPU, through ndarray.
+    /// CPU, through Flex (Burn's pure-Rust CPU backend; f32, f16 and bf16).
+    Flex,
+    /// CPU, through ndarray (f32 and f64).
     Ndarray,
     /// GPU (or a CPU Vulkan driver), through wgpu.
     Wgpu,
@@ -15,6 +17,7 @@ impl BackendKind {
     /// The lower-case name, as on the command line.
     pub fn name(self) -> &'static str {
         match self {
+            Self::Flex => "flex",
             Self::Ndarray => "ndarray",
             Self::Wgpu => "wgpu",
             Self::Cuda => "cuda",
@@ -36,7 +39,7 @@ pub fn require_wgpu() -> Result<(), burn_memory::MemoryError> {
 #[error("`--backend cuda` needs a build with CUDA: add `--features cuda` to the cargo command")]
 pub struct NoCuda;
 
-/// Runs `$body` with `$b` the Burn backend type of `$kind` (`NdArray`, `Wgpu`, `Cuda`); in a
+/// Runs `$body` with `$b` the Burn backend type of `$kind` (`Flex`, `NdArray`, `Wgpu`, `Cuda`); in a
 /// build without the `cuda` feature, `--backend cuda` makes the enclosing function return
 /// [`NoCuda`], and `--backend wgpu` without a Vulkan (or Metal) driver returns the error of
 /// [`require_wgpu`] (both converted with `?`'s `From`).
@@ -44,6 +47,10 @@ pub struct NoCuda;
 macro_rules! with_backend {
     ($kind:expr, |$b:ident| $body:expr) => {
         match $kind {
+            $crate::backend::BackendKind::Flex => {
+                type $b = burn::backend::Flex;
+                $body
+            }
             $crate::backend::BackendKind::Ndarray => {
                 type $b = burn::backend::NdArray;
                 $body

@@ -2,7 +2,7 @@
 //! epoch, `resume` continues from it, also after the run was killed at any moment; and the
 //! mixed-precision step the learner runs.
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::{Autodiff, Flex, NdArray};
 use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
@@ -100,6 +100,53 @@ fn training_lowers_the_loss_checkpoints_and_resumes() {
         .with_seed(7);
     let err = train::<B>(&other, &data, &run, true, &device).unwrap_err();
     assert!(matches!(err, TrainingError::ConfigMismatch { .. }), "{err}");
+}
+
+/// The same short run on Flex through the learner, in f32 and with f16 mixed precision (Flex
+/// computes in f16 on the CPU, NdArray cannot): the loss falls in both, and the f16 run's
+/// steps are not all skipped.
+#[test]
+fn flex_trains_in_f32_and_in_f16_mixed_precision() {
+    type F = Autodiff<Flex>;
+    let dir = tempfile::tempdir().unwrap();
+    let data = Mnist::embedded_dir();
+    let device = Default::default();
+    let model = MlpConfig::new().with_hidden(vec![64]).with_low_rank(8);
+    let config = TrainingConfig::new(model.clone())
+        .with_epochs(1)
+        .with_batch_size(32)
+        .with_train_limit(Some(1024))
+        .with_learning_rate(3e-3)
+        .with_seed(7);
+
+    <Flex as Backend>::seed(&device, 7);
+    let untrained = model.init::<Flex>(&device);
+    let digits = DigitDataset::new(Mnist::read(&data, "train").unwrap().truncate(1024));
+    let (initial_loss, _) = evaluate(&untrained, &digits, &device);
+
+    for amp in [None, Some(Precision::F16)] {
+        let run = dir.path().join(format!("{amp:?}"));
+        let report =
+            train::<F>(&config.clone().with_amp(amp), &data, &run, false, &device).unwrap();
+        assert!(
+            report.train_loss < 0.8 * initial_loss,
+            "{amp:?}: loss {initial_loss} -> {}",
+            report.train_loss
+        );
+        assert!(
+            report.test_accuracy > 0.4,
+            "{amp:?}: {}",
+            report.test_accuracy
+        );
+        if let Some(state) = &report.amp {
+            assert_eq!(state.precision(), Precision::F16);
+            assert!(
+                state.skipped_steps() < 8,
+                "{} of 32 steps skipped",
+                state.skipped_steps()
+            );
+        }
+    }
 }
 
 /// The mixed-precision training step the learner runs (`--amp`): with a loss scale, its

@@ -330,24 +330,49 @@ fn product<E: Element>(
     beta: E,
     accumulate: bool,
 ) {
+    product_into(dst, rhs.cols, lhs, rhs, beta, accumulate);
+}
+
+/// [`product`] into the first columns of a row-major `dst` whose rows are `stride` long.
+fn product_into<E: Element>(
+    dst: &mut [E],
+    stride: usize,
+    lhs: Matrix<'_, E>,
+    rhs: Matrix<'_, E>,
+    beta: E,
+    accumulate: bool,
+) {
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
     assert_eq!(rhs.rows, k, "inner dimensions");
-    assert_eq!(dst.len(), m * n, "a {m}×{n} destination");
+    assert!(
+        n <= stride && dst.len() == m * stride,
+        "a {m}×{stride} destination"
+    );
     if n == 0 {
         return;
     }
     let blocks = Blocks::of(m);
-    dst.par_chunks_mut(blocks.rows * n)
+    dst.par_chunks_mut(blocks.rows * stride)
         .enumerate()
         .for_each(|(i, block)| {
-            let lhs = lhs.rows(i * blocks.rows, block.len() / n);
-            gemm(block, lhs, rhs, beta, accumulate, blocks.parallelism);
+            let lhs = lhs.rows(i * blocks.rows, block.len() / stride);
+            gemm(
+                block,
+                stride,
+                lhs,
+                rhs,
+                beta,
+                accumulate,
+                blocks.parallelism,
+            );
         });
 }
 
-/// One `gemm` call: `dst = beta·lhs·rhs`, or `+=` with `accumulate`, `dst` row-major.
+/// One `gemm` call: `dst = beta·lhs·rhs`, or `+=` with `accumulate`, into the first columns of
+/// `dst`'s rows of `stride` elements.
 fn gemm<E: Element>(
     dst: &mut [E],
+    stride: usize,
     lhs: Matrix<'_, E>,
     rhs: Matrix<'_, E>,
     beta: E,
@@ -355,9 +380,9 @@ fn gemm<E: Element>(
     parallelism: gemm::Parallelism,
 ) {
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
-    debug_assert!(rhs.rows == k && dst.len() == m * n);
-    // SAFETY: `dst` holds the m×n row-major result and `Matrix::checked` keeps every element
-    // of both operands inside their buffers; `gemm` dispatches on `E` (f32, f64, f16).
+    assert!(rhs.rows == k && n <= stride && dst.len() == m * stride);
+    // SAFETY: `dst` holds m rows of `stride ≥ n` elements and `Matrix::checked` keeps every
+    // element of both operands inside their buffers; `gemm` dispatches on `E` (f32, f64, f16).
     unsafe {
         gemm::gemm(
             m,
@@ -365,7 +390,7 @@ fn gemm<E: Element>(
             k,
             dst.as_mut_ptr(),
             1,
-            n as isize,
+            stride as isize,
             accumulate,
             lhs.ptr(),
             lhs.col_stride,
@@ -399,36 +424,45 @@ fn values<E: Element>(tensor: &FlexTensor) -> Vec<E> {
         .collect()
 }
 
-/// `y = α·(x·A)·B + bias`: `P = α·x·A`, then one product into `y` pre-filled with the bias.
+/// `y = α·(x·A)·B + bias` as two products: `P = α·x·A`, then `y = P·B`, with the bias as one
+/// more rank of the second product (`[P | 1]·[B; bias]`), so that `y` is written once, by
+/// `gemm`, rather than filled with the bias and then read back (or added in a second pass).
 fn forward<E: Element>(operands: &Operands) -> Tensor<Flex, 2> {
     let (terms, d_input, k, d_output) = operands.dims();
     let rank = 2 * terms * k;
     let x = Matrix::<E>::of(&operands.x);
     let rows = x.rows;
+    let bias = operands.extra.as_ref().map(values::<E>);
+    let width = rank + usize::from(bias.is_some());
 
     let (a, b) = rayon::join(
         || operands.input_factor::<E>(),
-        || operands.output_factor::<E>(),
+        || {
+            let mut b = operands.output_factor::<E>();
+            b.extend(bias.iter().flatten());
+            b
+        },
     );
-    let mut p = vec![E::ZERO; rows * rank];
-    product(
+    let mut p = vec![E::ZERO; rows * width];
+    if bias.is_some() {
+        p.chunks_exact_mut(width).for_each(|row| row[rank] = E::ONE);
+    }
+    product_into(
         &mut p,
+        width,
         x,
         Matrix::row_major(&a, d_input, rank),
         operands.scale(),
         false,
     );
     drop(a);
-    let (mut y, accumulate) = match &operands.extra {
-        Some(bias) => (values::<E>(bias).repeat(rows), true),
-        None => (vec![E::ZERO; rows * d_output], false),
-    };
+    let mut y = vec![E::ZERO; rows * d_output];
     product(
         &mut y,
-        Matrix::row_major(&p, rows, rank),
-        Matrix::row_major(&b, rank, d_output),
+        Matrix::row_major(&p, rows, width),
+        Matrix::row_major(&b, width, d_output),
         E::ONE,
-        accumulate,
+        false,
     );
     tensor(y, [rows, d_output])
 }
@@ -437,7 +471,9 @@ fn forward<E: Element>(operands: &Operands) -> Tensor<Flex, 2> {
 /// `∂P = α·∂y·Bᵀ`, `∂x = ∂P·Aᵀ`, `∂S1_t`/`∂U2_t` = `xᵀ·∂P` (term `t`'s block of columns),
 /// and `∂U1`/`∂S2` = `(α·x·A)ᵀ·∂y` (their half). Each gradient is written in its factor's
 /// layout: `[T, d_in, k]` one term per product, `[T, k, d_out]` (a `[Tk, d_out]` matrix) one
-/// half per product. `A` and `B` are dropped once their products are done.
+/// half per product. Only the halves of `P` that a wanted gradient needs are recomputed: for
+/// `SkLinear`, whose sketches `U1`/`U2` are fixed, that is `x·U2` alone, half of `x·A`.
+/// `B` is dropped once `∂P` is done, `A` once `∂x` and the `P` halves are.
 fn backward<E: Element>(operands: &Operands, wanted: WantedGradients) -> SketchGradients<Flex> {
     let (terms, d_input, k, d_output) = operands.dims();
     let (half, rank) = (terms * k, 2 * terms * k);
@@ -458,7 +494,7 @@ fn backward<E: Element>(operands: &Operands, wanted: WantedGradients) -> SketchG
         );
         grad_p
     });
-    let (grad_x, p) = {
+    let (grad_x, output_grads) = {
         let a = (wanted.x || wanted.u1s || wanted.s2s).then(|| operands.input_factor::<E>());
         let a = a.as_deref().map(|a| Matrix::row_major(a, d_input, rank));
         let grad_x = grad_p.as_deref().filter(|_| wanted.x).map(|grad_p| {
@@ -467,12 +503,19 @@ fn backward<E: Element>(operands: &Operands, wanted: WantedGradients) -> SketchG
             product(&mut grad_x, grad_p, a.expect("packed").t(), E::ONE, false);
             tensor(grad_x, [rows, d_input])
         });
-        let p = (wanted.u1s || wanted.s2s).then(|| {
-            let mut p = vec![E::ZERO; rows * rank];
-            product(&mut p, x, a.expect("packed"), scale, false);
-            p
-        });
-        (grad_x, p)
+        // Half `h` (0: U1, 1: S2) of `∂B`, as `[T, k, d_out]`, from `α·x·A`'s half `h`.
+        let output_grad = |h: usize| {
+            let mut p = vec![E::ZERO; rows * half];
+            let a_half = a.expect("packed").columns(h * half, half);
+            product(&mut p, x, a_half, scale, false);
+            let mut out = vec![E::ZERO; half * d_output];
+            let p = Matrix::row_major(&p, rows, half);
+            product(&mut out, p.t(), grad_output, E::ONE, false);
+            tensor(out, [terms, k, d_output])
+        };
+        let u1s = wanted.u1s.then(|| output_grad(0));
+        let s2s = wanted.s2s.then(|| output_grad(1));
+        (grad_x, (u1s, s2s))
     };
 
     // Half `h` (0: S1, 1: U2) of `∂A`, as `[T, d_in, k]`.
@@ -485,25 +528,13 @@ fn backward<E: Element>(operands: &Operands, wanted: WantedGradients) -> SketchG
         }
         tensor(out, [terms, d_input, k])
     };
-    // Half `h` (0: U1, 1: S2) of `∂B`, as `[T, k, d_out]`.
-    let output_grad = |h: usize| {
-        let p = Matrix::row_major(p.as_deref().expect("wanted"), rows, rank);
-        let mut out = vec![E::ZERO; half * d_output];
-        product(
-            &mut out,
-            p.columns(h * half, half).t(),
-            grad_output,
-            E::ONE,
-            false,
-        );
-        tensor(out, [terms, k, d_output])
-    };
+    let (u1s, s2s) = output_grads;
 
     SketchGradients {
         x: grad_x,
         s1s: wanted.s1s.then(|| input_grad(0)),
         u2s: wanted.u2s.then(|| input_grad(1)),
-        u1s: wanted.u1s.then(|| output_grad(0)),
-        s2s: wanted.s2s.then(|| output_grad(1)),
+        u1s,
+        s2s,
     }
 }

@@ -101,9 +101,9 @@ impl Strategy {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Backend to measure.
-    #[arg(long, value_enum, default_value = "ndarray")]
+    #[arg(long, value_enum, default_value = "flex")]
     pub backend: BackendKind,
-    /// Element type of inputs, weights and outputs (ndarray: f32 only).
+    /// Element type of inputs, weights and outputs (flex and ndarray: f32 only).
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: Dtype,
     /// The device the run is on, to show the roofline bounds of its datasheet peaks: each
