@@ -298,23 +298,26 @@ impl Blocks {
     /// Rows a block needs for a single-threaded `gemm` to run at full speed on it.
     const MIN_ROWS: usize = 32;
 
-    /// One block per thread, each a single-threaded `gemm`, when every block gets
-    /// [`MIN_ROWS`](Self::MIN_ROWS); otherwise one block that `gemm` threads itself.
+    /// For an `m × k` by `k × n` product: one block per thread, each a single-threaded `gemm`,
+    /// when the product is deep (`k ≥ n`) and every block gets [`MIN_ROWS`](Self::MIN_ROWS);
+    /// otherwise one block that `gemm` threads itself.
     ///
-    /// Why split the rows ourselves: the sketched products are thin (`2Tk` columns or a
-    /// `2Tk` inner dimension), and `gemm`'s own threading splits them less evenly than
-    /// independent row blocks, which share nothing but the read-only right operand (`cargo
-    /// xtask products` measures both).
-    fn of(rows: usize) -> Self {
+    /// Why split the rows ourselves, and only then: on the sketched layer's deep, thin
+    /// products (`x·A`, `∂y·Bᵀ`, `xᵀ·∂P`: a `d_in` or batch-long depth, `2Tk` columns)
+    /// independent row blocks, which share nothing but the read-only right operand, beat
+    /// `gemm`'s own threading, while on the shallow, wide ones (`P·B`, `∂P·Aᵀ`, `Pᵀ·∂y`:
+    /// depth `2Tk` or the batch, `d_out` or `d_in` columns) `gemm`'s own split is as fast or
+    /// faster (`cargo xtask products` measures both, per product).
+    fn of(m: usize, k: usize, n: usize) -> Self {
         let threads = rayon::current_num_threads();
-        if threads > 1 && rows >= threads * Self::MIN_ROWS {
+        if threads > 1 && m >= threads * Self::MIN_ROWS && k >= n {
             Self {
-                rows: rows.div_ceil(threads),
+                rows: m.div_ceil(threads),
                 parallelism: gemm::Parallelism::None,
             }
         } else {
             Self {
-                rows: rows.max(1),
+                rows: m.max(1),
                 parallelism: gemm::Parallelism::Rayon(0),
             }
         }
@@ -351,7 +354,7 @@ fn product_into<E: Element>(
     if n == 0 {
         return;
     }
-    let blocks = Blocks::of(m);
+    let blocks = Blocks::of(m, k, n);
     dst.par_chunks_mut(blocks.rows * stride)
         .enumerate()
         .for_each(|(i, block)| {
