@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --release -p examples --example convert_dense
 //! cargo run --release -p examples --example convert_dense -- --low-rank 64 --finetune-steps 400
+//! cargo run --release -p examples --example convert_dense -- --backend ndarray
 //! ```
 //!
 //! A sketch of a trained weight is unbiased but noisy: with `2Tk` far below the layer's
@@ -14,23 +15,26 @@
 
 use std::time::Instant;
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::Autodiff;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::ElementConversion;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn_sketch::SketchBackend;
 use clap::Parser;
+use examples::backend::BackendKind;
 use examples::data::{DigitBatch, DigitBatcher, DigitDataset};
 use examples::mlp::{Mlp, MlpConfig};
 use examples::mnist::Mnist;
 use examples::training::evaluate;
 
-type B = Autodiff<NdArray>;
-
 #[derive(Debug, Parser)]
 #[command(about = "Convert a trained dense MLP to sketched layers and fine-tune it")]
 struct Args {
+    /// Backend to train on.
+    #[arg(long, value_enum, default_value = "flex")]
+    backend: BackendKind,
     /// Epochs of dense training before the conversion.
     #[arg(long, default_value_t = 3)]
     epochs: usize,
@@ -50,14 +54,21 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let device = Default::default();
+    examples::with_backend!(args.backend, |B| run::<Autodiff<B>>(&args))
+}
+
+fn run<A: AutodiffBackend + SketchBackend>(args: &Args) -> anyhow::Result<()>
+where
+    A::InnerBackend: SketchBackend,
+{
+    let device: A::Device = Default::default();
     let dir = Mnist::embedded_dir();
     let train_data = DigitDataset::new(Mnist::read(&dir, "train")?);
     let test_data = DigitDataset::new(Mnist::read(&dir, "t10k")?);
-    <B as burn::tensor::backend::Backend>::seed(&device, args.seed);
+    <A as Backend>::seed(&device, args.seed);
 
     let start = Instant::now();
-    let dense: Mlp<B> = MlpConfig::new().with_dense(true).init(&device);
+    let dense: Mlp<A> = MlpConfig::new().with_dense(true).init(&device);
     let dense = fit(dense, &train_data, args.epochs, None, args.seed);
     let dense_seconds = start.elapsed().as_secs_f64();
     let (_, dense_accuracy) = evaluate(&dense.valid(), &test_data, &device);
@@ -80,7 +91,7 @@ fn main() -> anyhow::Result<()> {
 
     // The alternative to converting: the same sketched MLP from its own initialisation, trained
     // for the same number of steps.
-    let scratch: Mlp<B> = MlpConfig::new()
+    let scratch: Mlp<A> = MlpConfig::new()
         .with_num_terms(args.num_terms)
         .with_low_rank(args.low_rank)
         .init(&device);
@@ -157,20 +168,19 @@ fn fit<A: AutodiffBackend + burn_sketch::SketchBackend>(
 }
 
 /// `‖logits_dense − logits_sketched‖ / ‖logits_dense‖` over the whole test set.
-fn output_error(
-    dense: &Mlp<NdArray>,
-    sketched: &Mlp<NdArray>,
+fn output_error<I: SketchBackend>(
+    dense: &Mlp<I>,
+    sketched: &Mlp<I>,
     data: &DigitDataset,
-    device: &burn::backend::ndarray::NdArrayDevice,
+    device: &I::Device,
 ) -> f64 {
     use burn::data::dataloader::batcher::Batcher;
     use burn::data::dataset::Dataset;
 
     let items = (0..data.len()).filter_map(|i| data.get(i)).collect();
-    let batch: DigitBatch<NdArray> = DigitBatcher.batch(items, device);
+    let batch: DigitBatch<I> = DigitBatcher.batch(items, device);
     let reference = dense.forward(batch.images.clone());
     let diff = reference.clone() - sketched.forward(batch.images);
-    let norm =
-        |t: burn::tensor::Tensor<NdArray, 2>| t.square().sum().sqrt().into_scalar().elem::<f64>();
+    let norm = |t: burn::tensor::Tensor<I, 2>| t.square().sum().sqrt().into_scalar().elem::<f64>();
     norm(diff) / norm(reference)
 }
