@@ -9,12 +9,10 @@
 //!   `T > 1`, runs a broadcast batched product);
 //! - `1/(2T)` is the `beta` of the product that writes the thin `P` (or `∂P`), not a pass of
 //!   its own;
-//! - the bias is the output's starting value (`gemm`'s `read_dst`), not a second pass over `y`;
+//! - the bias is one more rank of the output product, not a second pass over `y`;
 //! - transposed operands (`Bᵀ`, `Aᵀ`, `xᵀ`, `Pᵀ`) are strides handed to `gemm`, never copies,
-//!   and every gradient is written straight into its factor's layout.
-//!
-//! `gemm` threads a product over rayon's pool when it is large enough to pay for it, by its
-//! own size threshold, so every call asks for rayon and lets the library decide.
+//!   and every gradient is written straight into its factor's layout;
+//! - how a product uses the threads depends on its shape ([`Blocks`]).
 //!
 //! Float tensors Flex holds as `f32`, `f64` or `f16` take this path (`f16` products
 //! accumulate as `gemm`'s `f16` kernels do); `bf16`, which Flex multiplies through `f32`
