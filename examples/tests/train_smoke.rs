@@ -61,11 +61,30 @@ fn training_lowers_the_loss_checkpoints_and_resumes() {
     assert_eq!(first.hidden_trainable_params, 8 * (784 + 64) + 64);
 
     // A seed fixes the run: the same configuration elsewhere trains to the same model, up to
-    // the order in which NdArray's threads add up their partial sums (measured: 1e-7 of the
-    // loss here; batches in another order move it by far more).
+    // the order in which NdArray's threads add up their partial sums. That order depends on
+    // how busy the machine is: alone, the final losses agree to about 1e-7 of the loss; with
+    // two more copies of this test binary running beside it, 3 of 15 runs drifted by 3e-4
+    // (and by up to 3e-6 with rayon on one thread, so rayon's reductions are not the only
+    // source). Another seed, which changes the initialisation and the batch order, moves the
+    // loss by far more than the tolerance, so the check still tells the two apart.
     let again = train::<B>(&config, &data, &dir.path().join("again"), false, &device).unwrap();
     let drift = (again.train_loss - first.train_loss).abs() / first.train_loss;
-    assert!(drift < 1e-5, "{} vs {}", again.train_loss, first.train_loss);
+    assert!(drift < 2e-3, "{} vs {}", again.train_loss, first.train_loss);
+    let other = train::<B>(
+        &config.clone().with_seed(8),
+        &data,
+        &dir.path().join("other"),
+        false,
+        &device,
+    )
+    .unwrap();
+    let other_drift = (other.train_loss - first.train_loss).abs() / first.train_loss;
+    assert!(
+        other_drift > 1e-2,
+        "seed 8 trained to {} against seed 7's {}: the seed does not fix the run",
+        other.train_loss,
+        first.train_loss
+    );
 
     // Resume to two epochs: starts after epoch 1 and writes epoch 2's checkpoint.
     let second = train::<B>(&config.clone().with_epochs(2), &data, &run, true, &device).unwrap();

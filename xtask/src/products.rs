@@ -301,3 +301,43 @@ fn measure(
         gemm_row_blocks_ms: blocks_t.median_ms,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a non-square point (so that a transposed operand with the wrong strides would not
+    /// even have the right shape): six products, every engine agreeing with ndarray (`run`
+    /// fails otherwise), positive times, and the JSON written.
+    #[test]
+    fn products_agree_across_engines_and_are_written() {
+        let out = tempfile::tempdir().unwrap();
+        let json = out.path().join("products.json");
+        let args = ProductsArgs {
+            filter: Some("d4096x1024-t2-k16-b64".into()),
+            runs: 2,
+            warmup: 0,
+            json: Some(json.clone()),
+        };
+        let rows = run(&args).unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r.product).collect();
+        assert_eq!(names, ["x·A", "P·B", "∂y·Bᵀ", "∂P·Aᵀ", "xᵀ·∂P", "Pᵀ·∂y"]);
+        // x·A: [64, 4096]·[4096, 64]; Pᵀ·∂y: [64, 64]·[64, 1024].
+        assert_eq!((rows[0].m, rows[0].k, rows[0].n), (64, 4096, 64));
+        assert_eq!((rows[5].m, rows[5].k, rows[5].n), (64, 64, 1024));
+        for row in &rows {
+            for ms in [
+                row.flex_ms,
+                row.ndarray_ms,
+                row.gemm_rayon_ms,
+                row.gemm_single_ms,
+                row.gemm_row_blocks_ms,
+            ] {
+                assert!(ms > 0.0, "{row:?}");
+            }
+        }
+        let written: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+        assert_eq!(written.as_array().unwrap().len(), 6);
+    }
+}

@@ -3,8 +3,10 @@
 //! dense `Linear`; forward alone and forward + backward.
 
 use burn::backend::Autodiff;
+use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::LinearConfig;
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Distribution, Tensor};
 use burn_memory::DeviceMemory;
 use burn_sketch::backend::{KernelStrategy, tensor_ops};
 use burn_sketch::{SkLinearConfig, SketchBackend};
@@ -126,15 +128,18 @@ pub fn measure<B: SketchBackend + DeviceMemory>(
     )
     .with_strategy(settings.strategy);
     let dense_config = LinearConfig::new(point.d_input, point.d_output);
-    let sketch = config.init::<B>(device);
-    let dense = dense_config.init::<B>(device);
-    let x = Tensor::<B, 2>::random([point.batch, point.d_input], Distribution::Default, device);
+    let dtype = settings.dtype.burn();
+    let mut cast = CastParams(dtype);
+    let sketch = config.init::<B>(device).map(&mut cast);
+    let dense = dense_config.init::<B>(device).map(&mut cast);
+    let x = Tensor::<B, 2>::random([point.batch, point.d_input], Distribution::Default, device)
+        .cast(dtype);
 
     let bias = sketch.bias.as_ref().map(|b| b.val());
     // Forward and backward of `forward` on a fresh leaf input, all gradients computed.
     let x_ad = Tensor::<Autodiff<B>, 2>::from_inner(x.clone());
-    let sketch_ad = config.init::<Autodiff<B>>(device);
-    let dense_ad = dense_config.init::<Autodiff<B>>(device);
+    let sketch_ad = config.init::<Autodiff<B>>(device).map(&mut cast);
+    let dense_ad = dense_config.init::<Autodiff<B>>(device).map(&mut cast);
     let train = |forward: &dyn Fn(Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2>| {
         forward(x_ad.clone().require_grad()).sum().backward()
     };
@@ -190,5 +195,25 @@ pub fn measure<B: SketchBackend + DeviceMemory>(
         roofline: settings
             .device_spec
             .map(|spec| Roofline::new(point, settings.dtype, spec)),
+    }
+}
+
+/// Casts every float parameter to the measured element type, keeping each a leaf with its
+/// `require_grad` flag. Backends whose element type is a type parameter (`Wgpu<f16>`) are
+/// there already and this changes nothing; Flex picks the element type at run time, so its
+/// layers are built in f32 and cast.
+struct CastParams(DType);
+
+impl<B: Backend> ModuleMapper<B> for CastParams {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let dtype = self.0;
+        param.map(|tensor| {
+            if tensor.dtype() == dtype {
+                return tensor;
+            }
+            let tracked = tensor.is_require_grad();
+            let cast = tensor.cast(dtype).detach();
+            if tracked { cast.require_grad() } else { cast }
+        })
     }
 }
