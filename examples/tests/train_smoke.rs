@@ -10,6 +10,7 @@ use burn::tensor::Tolerance;
 use burn::tensor::backend::Backend;
 use burn::train::TrainStep;
 use burn_memory::{LossScale, MixedPrecisionConfig, Precision, Segments};
+use burn_sketch::SketchBackend;
 use examples::data::{DigitBatch, DigitBatcher, DigitDataset};
 use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
@@ -26,6 +27,24 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The short run the learner tests train: one epoch of 1,024 digits, batch 32, seed 7.
+fn short_run(model: MlpConfig) -> TrainingConfig {
+    TrainingConfig::new(model)
+        .with_epochs(1)
+        .with_batch_size(32)
+        .with_train_limit(Some(1024))
+        .with_learning_rate(3e-3)
+        .with_seed(7)
+}
+
+/// The loss of `model` untrained, on backend `I` with the short run's seed, over its digits.
+fn untrained_loss<I: SketchBackend>(model: &MlpConfig, device: &I::Device) -> f64 {
+    I::seed(device, 7);
+    let untrained = model.init::<I>(device);
+    let data = Mnist::read(&Mnist::embedded_dir(), "train").unwrap();
+    evaluate(&untrained, &DigitDataset::new(data.truncate(1024)), device).0
+}
+
 #[test]
 fn training_lowers_the_loss_checkpoints_and_resumes() {
     let _serial = serial();
@@ -34,18 +53,10 @@ fn training_lowers_the_loss_checkpoints_and_resumes() {
     let data = Mnist::embedded_dir();
     let device = Default::default();
     let model = MlpConfig::new().with_hidden(vec![64]).with_low_rank(8);
-    let config = TrainingConfig::new(model.clone())
-        .with_epochs(1)
-        .with_batch_size(32)
-        .with_train_limit(Some(1024))
-        .with_learning_rate(3e-3)
-        .with_seed(7);
+    let config = short_run(model.clone());
 
     // The loss of the untrained model on the same digits, same seed, same initialisation.
-    <NdArray as burn::tensor::backend::Backend>::seed(&device, 7);
-    let untrained = model.init::<NdArray>(&device);
-    let digits = DigitDataset::new(Mnist::read(&data, "train").unwrap().truncate(1024));
-    let (initial_loss, _) = evaluate(&untrained, &digits, &device);
+    let initial_loss = untrained_loss::<NdArray>(&model, &device);
 
     let first = train::<B>(&config, &data, &run, false, &device).unwrap();
     assert_eq!(first.resumed_from, 0);
@@ -111,12 +122,7 @@ fn training_lowers_the_loss_checkpoints_and_resumes() {
     );
 
     // A different model cannot resume from this run.
-    let other = TrainingConfig::new(model.with_low_rank(4))
-        .with_epochs(3)
-        .with_batch_size(32)
-        .with_train_limit(Some(1024))
-        .with_learning_rate(3e-3)
-        .with_seed(7);
+    let other = short_run(model.with_low_rank(4)).with_epochs(3);
     let err = train::<B>(&other, &data, &run, true, &device).unwrap_err();
     assert!(matches!(err, TrainingError::ConfigMismatch { .. }), "{err}");
 }
@@ -131,17 +137,8 @@ fn flex_trains_in_f32_and_in_f16_mixed_precision() {
     let data = Mnist::embedded_dir();
     let device = Default::default();
     let model = MlpConfig::new().with_hidden(vec![64]).with_low_rank(8);
-    let config = TrainingConfig::new(model.clone())
-        .with_epochs(1)
-        .with_batch_size(32)
-        .with_train_limit(Some(1024))
-        .with_learning_rate(3e-3)
-        .with_seed(7);
-
-    <Flex as Backend>::seed(&device, 7);
-    let untrained = model.init::<Flex>(&device);
-    let digits = DigitDataset::new(Mnist::read(&data, "train").unwrap().truncate(1024));
-    let (initial_loss, _) = evaluate(&untrained, &digits, &device);
+    let config = short_run(model.clone());
+    let initial_loss = untrained_loss::<Flex>(&model, &device);
 
     for amp in [None, Some(Precision::F16)] {
         let run = dir.path().join(format!("{amp:?}"));

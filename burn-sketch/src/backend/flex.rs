@@ -240,13 +240,7 @@ impl<'a, E: Element> Matrix<'a, E> {
 
     /// Columns `start..start + count`.
     fn columns(self, start: usize, count: usize) -> Self {
-        assert!(start + count <= self.cols, "columns out of range");
-        Self {
-            offset: (self.offset as isize + start as isize * self.col_stride) as usize,
-            cols: count,
-            ..self
-        }
-        .checked()
+        self.t().rows(start, count).t()
     }
 
     /// The transpose: the same buffer, strides swapped.
