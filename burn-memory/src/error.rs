@@ -46,6 +46,26 @@ pub enum MemoryError {
         /// What was looked for and what to install.
         help: String,
     },
+    /// A file of the offload disk cache is missing, truncated or corrupted (its length or its
+    /// CRC-32 is not the one written), or cannot be decoded.
+    #[error("offload cache file {path}: {message}")]
+    OffloadCache {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The disk cache has no room for a module and the host tier is off.
+    #[error(
+        "the offload disk cache is full: {needed} more bytes would pass max_disk_bytes ({limit}); \
+         raise it or turn the host tier on"
+    )]
+    OffloadDiskFull {
+        /// The bytes the module needs.
+        needed: u64,
+        /// The configured maximum.
+        limit: u64,
+    },
     /// A batch-size search found no batch size that fits.
     #[error("no batch size fits: the smallest tried, {batch_size}, {reason}")]
     NothingFits {

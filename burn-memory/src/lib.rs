@@ -15,6 +15,8 @@
 //!   state in a model, saved with the model's checkpoints.
 //! - [`BatchSizeSearch`]: the largest batch whose whole training step fits a memory budget,
 //!   recovering from out-of-memory failures.
+//! - [`offload`]: tiered parameter offloading (device, host, compressed disk cache) with a
+//!   learned-order prefetcher, for models larger than the device.
 //! - [`chunked_forward`]: inference over inputs too large for one pass, with bounded memory.
 //! - With the `train` feature, [`DeviceMemoryMetric`] puts device memory on burn-train's
 //!   dashboard.
@@ -52,6 +54,7 @@ mod heap;
 #[cfg(feature = "train")]
 mod metric;
 mod monitor;
+pub mod offload;
 mod plot;
 mod process;
 mod segments;

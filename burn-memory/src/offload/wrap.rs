@@ -1,0 +1,339 @@
+//! Wrapping a model: which modules are managed, and the lazy parameters that load them.
+
+use std::fmt;
+use std::sync::Arc;
+
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorPrimitive};
+
+use super::manager::{Inner, ParamMeta};
+use super::OffloadManager;
+use crate::{DeviceMemory, Layers, MemoryError};
+
+/// Which modules of a model an [`OffloadManager`] manages. A module is named by its path in
+/// the model, as Burn's module visitors see it (`layers.3`, `encoder.attention.query`), and
+/// typed by its struct's name (`Linear`, `SkLinear`, `Conv2d`).
+#[derive(Clone)]
+pub enum Selection {
+    /// Every module whose struct has one of these names.
+    Types(Vec<String>),
+    /// The one module at this path.
+    Module(String),
+    /// Every module whose path the predicate accepts.
+    Paths(Arc<dyn Fn(&str) -> bool + Send + Sync>),
+}
+
+impl Selection {
+    /// Every module of these types: `Selection::types(["Linear", "Conv2d"])`.
+    pub fn types<S: Into<String>>(types: impl IntoIterator<Item = S>) -> Self {
+        Self::Types(types.into_iter().map(Into::into).collect())
+    }
+
+    /// The module at `path`.
+    pub fn module(path: impl Into<String>) -> Self {
+        Self::Module(path.into())
+    }
+
+    /// Every module whose path `predicate` accepts.
+    pub fn paths(predicate: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        Self::Paths(Arc::new(predicate))
+    }
+
+    fn accepts(&self, path: &str, type_name: &str) -> bool {
+        match self {
+            Self::Types(types) => types.iter().any(|t| t == type_name),
+            Self::Module(module) => module == path,
+            Self::Paths(predicate) => predicate(path),
+        }
+    }
+}
+
+/// `nn::Linear`, burn-sketch's `SkLinear` and `nn::conv::Conv2d`: the layers that hold a
+/// model's weight matrices.
+impl Default for Selection {
+    fn default() -> Self {
+        Self::types(["Linear", "SkLinear", "Conv2d"])
+    }
+}
+
+impl fmt::Debug for Selection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Types(types) => f.debug_tuple("Types").field(types).finish(),
+            Self::Module(path) => f.debug_tuple("Module").field(path).finish(),
+            Self::Paths(_) => f.write_str("Paths(..)"),
+        }
+    }
+}
+
+/// A wrap that failed: the error and the model, whole and on the device as it came.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct WrapError<M> {
+    /// Why the wrap failed.
+    #[source]
+    pub error: MemoryError,
+    /// The model, with every parameter back in place.
+    pub model: M,
+}
+
+/// A model whose managed modules live on the manager's tiers. Call it with
+/// [`run`](Self::run) (any model) or [`forward_layers`](Self::forward_layers) (a layer
+/// sequence, one layer on the device at a time). `Sync`: threads may call it at once.
+pub struct OffloadedModel<B: DeviceMemory, M> {
+    manager: OffloadManager<B>,
+    template: M,
+    modules: Vec<usize>,
+}
+
+impl<B: DeviceMemory> OffloadManager<B> {
+    /// Puts the modules of `model` that `selection` picks under management: their parameters
+    /// (2-D and up; 1-D too with `offload_1d_parameters`) go to the host or disk tier one at a
+    /// time, so an uninitialised model (Burn's `init` makes lazy parameters) is never on the
+    /// device whole.
+    ///
+    /// On error (a cache directory that cannot be created or written, a full disk cache with
+    /// the host tier off) the model comes back in the error, every parameter on the device.
+    pub fn wrap<M: Module<B>>(
+        &self,
+        model: M,
+        selection: &Selection,
+    ) -> Result<OffloadedModel<B, M>, WrapError<M>> {
+        if let Err(error) = self.inner.ensure_alive() {
+            return Err(WrapError { error, model });
+        }
+        if self.inner.config.disk_tier
+            && let Err(error) = self.inner.cache_dir()
+        {
+            return Err(WrapError { error, model });
+        }
+        let mut wrapper = Wrapper {
+            inner: self.inner.clone(),
+            selection,
+            path: Vec::new(),
+            pending: None,
+            modules: Vec::new(),
+            error: None,
+        };
+        let template = model.map(&mut wrapper);
+        wrapper.finish();
+        let model = OffloadedModel {
+            manager: self.clone(),
+            template,
+            modules: wrapper.modules,
+        };
+        match wrapper.error {
+            None => Ok(model),
+            Some(error) => {
+                let modules = model.modules.clone();
+                let restored = model.into_inner();
+                self.inner.forget(&modules);
+                match restored {
+                    Ok(model) => Err(WrapError { error, model }),
+                    Err(restore) => panic!(
+                        "wrapping failed ({error}) and the model could not be restored: {restore}"
+                    ),
+                }
+            }
+        }
+    }
+}
+
+impl<B: DeviceMemory, M: Module<B>> OffloadedModel<B, M> {
+    /// Runs `f` on a copy of the model whose managed parameters load on first use, and releases
+    /// them when `f` returns (those the device cache keeps stay for the next call). The model's
+    /// own `forward` runs unchanged. Within one call every module `f` touches stays on the
+    /// device until the call ends; for a model larger than the device, use
+    /// [`forward_layers`](Self::forward_layers).
+    ///
+    /// An error when a parameter could not be loaded (a damaged or deleted cache file): `f`'s
+    /// output is dropped, never returned.
+    pub fn run<R>(&self, f: impl FnOnce(&M) -> R) -> Result<R, MemoryError> {
+        self.manager.inner.begin_pass();
+        let view = self.template.clone();
+        let output = f(&view);
+        drop(view);
+        self.manager.inner.end_pass().map(|()| output)
+    }
+
+    /// Runs a layer sequence one layer at a time, each on its own copy of the model, so that
+    /// only the running layer's parameters (and the next one's, prefetched) are in memory
+    /// beside the device cache. Stops at the first layer whose parameters could not be loaded.
+    pub fn forward_layers<const D: usize>(
+        &self,
+        input: Tensor<B, D>,
+    ) -> Result<Tensor<B, D>, MemoryError>
+    where
+        M: Layers<B, D>,
+    {
+        let inner = &self.manager.inner;
+        inner.begin_pass();
+        let mut x = input;
+        for layer in 0..self.template.num_layers() {
+            let view = self.template.clone();
+            x = view.forward_layer(layer, x);
+            drop(view);
+            inner.release_current();
+            if inner.has_error() {
+                break;
+            }
+        }
+        inner.end_pass().map(|()| x)
+    }
+
+    /// The manager.
+    pub fn manager(&self) -> &OffloadManager<B> {
+        &self.manager
+    }
+
+    /// How many modules this wrap put under management.
+    pub fn module_count(&self) -> usize {
+        self.modules.len()
+    }
+
+    /// Takes every managed module out of the device cache.
+    pub fn offload_all(&self) {
+        self.manager.offload_all();
+    }
+
+    /// Loads every managed module into the device cache.
+    pub fn load_all(&self) -> Result<(), MemoryError> {
+        self.manager.load_all()
+    }
+
+    /// The model with every parameter back on the device and no link to the manager.
+    pub fn into_inner(self) -> Result<M, MemoryError> {
+        let inner = &self.manager.inner;
+        inner.begin_pass();
+        let model = self.template.clone().map(&mut Materialise);
+        let ended = inner.end_pass();
+        ended.map(|()| model)
+    }
+}
+
+/// Runs every lazy parameter's initialiser, leaving plain parameters.
+struct Materialise;
+
+impl<B: Backend> ModuleMapper<B> for Materialise {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        param.map(|tensor| tensor)
+    }
+}
+
+/// A module being wrapped: its parameters' data until the module is complete.
+struct PendingModule<B: Backend> {
+    module: usize,
+    data: Vec<burn::tensor::TensorData>,
+    device: Vec<B::FloatTensorPrimitive>,
+}
+
+struct Wrapper<'a, B: DeviceMemory> {
+    inner: Arc<Inner<B>>,
+    selection: &'a Selection,
+    /// The fields entered: (name, the type of the struct they belong to).
+    path: Vec<(String, String)>,
+    pending: Option<PendingModule<B>>,
+    modules: Vec<usize>,
+    error: Option<MemoryError>,
+}
+
+impl<B: DeviceMemory> Wrapper<'_, B> {
+    fn finish(&mut self) {
+        if let Some(pending) = self.pending.take() {
+            let device = (!self.inner.config.eager_offload).then(|| Arc::new(pending.device));
+            if let Err(error) = self.inner.place(pending.module, pending.data, device) {
+                self.error.get_or_insert(error);
+            }
+        }
+    }
+}
+
+impl<B: DeviceMemory> ModuleMapper<B> for Wrapper<'_, B> {
+    fn enter_module(&mut self, name: &str, container_type: &str) {
+        self.path.push((name.to_string(), container_type.to_string()));
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let Some((_, container)) = self.path.last() else {
+            return param;
+        };
+        let type_name = container.strip_prefix("Struct:").unwrap_or(container).to_string();
+        let module_path = self.path[..self.path.len() - 1]
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .collect::<Vec<_>>()
+            .join(".");
+        let wanted = self.selection.accepts(&module_path, &type_name)
+            && (D > 1 || self.inner.config.offload_1d_parameters);
+        if !wanted || self.error.is_some() {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        let require_grad = tensor.is_require_grad();
+        let shape = tensor.shape();
+        let bytes = (shape.num_elements() * tensor.dtype().size()) as u64;
+        let (module, index) = self.inner.register(
+            &module_path,
+            ParamMeta {
+                shape: shape.clone(),
+                bytes,
+            },
+        );
+        if self.pending.as_ref().is_some_and(|p| p.module != module) {
+            self.finish();
+        }
+        if !self.modules.contains(&module) {
+            self.modules.push(module);
+        }
+        let pending = self.pending.get_or_insert_with(|| PendingModule {
+            module,
+            data: Vec::new(),
+            device: Vec::new(),
+        });
+        if !self.inner.config.eager_offload {
+            pending.device.push(tensor.clone().into_primitive().tensor());
+        }
+        pending.data.push(tensor.into_data());
+        let inner = self.inner.clone();
+        let lazy = Param::uninitialized(
+            id,
+            move |device: &B::Device, require_grad: bool| {
+                load_param::<B, D>(&inner, module, index, device, require_grad)
+            },
+            self.inner.device.clone(),
+            require_grad,
+            shape,
+        );
+        let (load, save) = (mapper.clone(), mapper);
+        lazy.load_mapper(move |t| load.on_load(t))
+            .save_mapper(move |t| save.on_save(t))
+    }
+}
+
+/// A managed parameter's initialiser: the module's parameters from the manager, or, when they
+/// cannot be loaded, zeros of the right shape and the error kept for the call to return.
+fn load_param<B: DeviceMemory, const D: usize>(
+    inner: &Inner<B>,
+    module: usize,
+    index: usize,
+    device: &B::Device,
+    require_grad: bool,
+) -> Tensor<B, D> {
+    let tensor = match inner.fetch(module) {
+        Ok(params) => Tensor::from_primitive(TensorPrimitive::Float(params[index].clone())),
+        Err(error) => {
+            inner.record_error(error);
+            Tensor::zeros(inner.param_meta(module, index).shape, device)
+        }
+    };
+    if require_grad {
+        tensor.require_grad()
+    } else {
+        tensor
+    }
+}
