@@ -87,6 +87,15 @@ pub struct OffloadedModel<B: DeviceMemory, M> {
     modules: Vec<usize>,
 }
 
+impl<B: DeviceMemory, M: fmt::Debug> fmt::Debug for OffloadedModel<B, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OffloadedModel")
+            .field("modules", &self.modules.len())
+            .field("model", &self.template)
+            .finish()
+    }
+}
+
 impl<B: DeviceMemory> OffloadManager<B> {
     /// Puts the modules of `model` that `selection` picks under management: their parameters
     /// (2-D and up; 1-D too with `offload_1d_parameters`) go to the host or disk tier one at a

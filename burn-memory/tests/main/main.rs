@@ -15,6 +15,7 @@ mod batch_search;
 mod flex;
 mod heap;
 mod ndarray;
+mod offload;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;
 mod segments;

@@ -249,3 +249,16 @@ fn segmented_gradients_match_the_plain_backward() {
     let _device = exclusive();
     crate::segments::gradients_match_the_plain_backward::<Autodiff<W>>(&device());
 }
+
+#[test]
+fn offloaded_tiers_match_the_resident_model() {
+    let _device = exclusive();
+    crate::offload::every_tier_matches_the_resident_model::<W>(&device());
+}
+
+#[test]
+fn offload_cleanup_returns_device_memory_to_its_level_before_wrapping() {
+    let _device = exclusive();
+    // CubeCL's in-use figure is exact: nothing may be left.
+    crate::offload::cleanup_returns_memory::<W>(&device(), 0);
+}
