@@ -6,9 +6,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use burn::tensor::{DType, TensorData};
+use burn::tensor::{AllocationProperty, DType};
 use safetensors::tensor::{Dtype, TensorView};
 
+use super::host::HostTensor;
 use crate::MemoryError;
 
 /// A module's parameters as written to the cache.
@@ -72,7 +73,7 @@ impl CacheDir {
     pub(crate) fn write(
         &self,
         name: &str,
-        tensors: &[TensorData],
+        tensors: &[HostTensor],
         compress: bool,
     ) -> Result<DiskFile, MemoryError> {
         let path = self.path.join(if compress {
@@ -93,7 +94,7 @@ impl CacheDir {
                         fail(format!("{:?} parameters cannot be offloaded to disk", data.dtype))
                     })?,
                     data.shape.to_vec(),
-                    data.as_bytes(),
+                    &data.bytes,
                 )
                 .map_err(|error| fail(error.to_string()))?;
                 Ok((index.to_string(), view))
@@ -119,9 +120,10 @@ impl CacheDir {
         })
     }
 
-    /// Reads a module back: the file is memory-mapped, its length and CRC-32 checked, then
-    /// decompressed where it was compressed, and each tensor copied out.
-    pub(crate) fn read(&self, file: &DiskFile) -> Result<Vec<TensorData>, MemoryError> {
+    /// Reads a module back: the file is memory-mapped (pages loaded at once), its length and
+    /// CRC-32 checked, and decompressed where it was compressed; each tensor is a slice of
+    /// the mapping (or of the decompressed buffer), not a copy.
+    pub(crate) fn read(&self, file: &DiskFile) -> Result<Vec<HostTensor>, MemoryError> {
         let fail = |message: String| MemoryError::OffloadCache {
             path: file.path.clone(),
             message,
@@ -134,9 +136,11 @@ impl CacheDir {
         if len != file.len {
             return Err(fail(format!("{len} bytes, {} written", file.len)));
         }
-        // SAFETY: the file is the manager's own; a change behind its back is caught by the
-        // checksum below before any byte is used.
-        let map = unsafe { memmap2::Mmap::map(&handle) }.map_err(|error| fail(error.to_string()))?;
+        // SAFETY: the file is the manager's own; a change behind its back before this point
+        // is caught by the checksum below, before any byte is used. (One while the mapping is
+        // in use is not: the cache directory is the manager's alone.)
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&handle) }
+            .map_err(|error| fail(error.to_string()))?;
         let crc = crc32fast::hash(&map);
         if crc != file.crc {
             return Err(fail(format!(
@@ -144,16 +148,15 @@ impl CacheDir {
                 file.crc
             )));
         }
-        let decompressed;
-        let raw: &[u8] = if file.compressed {
-            decompressed = zstd::bulk::decompress(&map, file.raw_len as usize)
+        let (raw, property) = if file.compressed {
+            let decompressed = zstd::bulk::decompress(&map, file.raw_len as usize)
                 .map_err(|error| fail(error.to_string()))?;
-            &decompressed
+            (bytes::Bytes::from(decompressed), AllocationProperty::Native)
         } else {
-            &map
+            (bytes::Bytes::from_owner(map), AllocationProperty::File)
         };
         let tensors =
-            safetensors::SafeTensors::deserialize(raw).map_err(|error| fail(error.to_string()))?;
+            safetensors::SafeTensors::deserialize(&raw).map_err(|error| fail(error.to_string()))?;
         (0..tensors.len())
             .map(|index| {
                 let view = tensors
@@ -161,11 +164,13 @@ impl CacheDir {
                     .map_err(|error| fail(error.to_string()))?;
                 let dtype = from_safetensors(view.dtype())
                     .ok_or_else(|| fail(format!("unexpected dtype {:?}", view.dtype())))?;
-                Ok(TensorData::from_bytes_vec(
-                    view.data().to_vec(),
-                    view.shape().to_vec(),
+                let start = view.data().as_ptr() as usize - raw.as_ptr() as usize;
+                Ok(HostTensor {
+                    bytes: raw.slice(start..start + view.data().len()),
+                    shape: view.shape().into(),
                     dtype,
-                ))
+                    property,
+                })
             })
             .collect()
     }
@@ -215,11 +220,17 @@ fn from_safetensors(dtype: Dtype) -> Option<DType> {
 mod tests {
     use super::*;
 
-    fn sample() -> Vec<TensorData> {
+    use burn::tensor::TensorData;
+
+    fn data() -> Vec<TensorData> {
         vec![
             TensorData::new((0..600).map(|i| (i as f32).sin()).collect::<Vec<_>>(), [20, 30]),
             TensorData::new(vec![1.5f32, -2.0, 3.25], [3]),
         ]
+    }
+
+    fn sample() -> Vec<HostTensor> {
+        data().into_iter().map(HostTensor::from_data).collect()
     }
 
     #[test]
@@ -228,8 +239,8 @@ mod tests {
         for compress in [false, true] {
             let file = dir.write("m0", &sample(), compress).unwrap();
             assert_eq!(file.compressed, compress);
-            let back = dir.read(&file).unwrap();
-            assert_eq!(back, sample());
+            let back: Vec<TensorData> = dir.read(&file).unwrap().iter().map(HostTensor::to_data).collect();
+            assert_eq!(back, data());
             dir.remove(&file);
             assert!(!file.path.exists());
         }

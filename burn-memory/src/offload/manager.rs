@@ -9,12 +9,13 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Shape, TensorData};
+use burn::tensor::Shape;
 
 use super::cache::{CacheDir, DiskFile};
+use super::host::HostTensor;
 use super::summary::{OffloadCounters, OffloadSummary, TierUsage};
 use super::OffloadConfig;
-use crate::{DeviceMemory, MemoryError, MemoryTracker};
+use crate::{DeviceMemory, MemoryError, MemorySource, MemoryTracker};
 
 /// A module's parameters on the device, in the order they were registered.
 pub(crate) type DeviceParams<B> = Arc<Vec<<B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive>>;
@@ -93,15 +94,23 @@ struct Slot<B: Backend> {
     path: String,
     params: Vec<ParamMeta>,
     bytes: u64,
-    host: Option<Arc<Vec<TensorData>>>,
+    host: Option<Arc<Vec<HostTensor>>>,
     disk: Option<DiskFile>,
     device: Option<DeviceParams<B>>,
     last_used: u64,
 }
 
-enum Staged {
+enum Staged<B: Backend> {
     Pending,
-    Ready(Result<Vec<TensorData>, MemoryError>),
+    Ready(Result<Loaded<B>, MemoryError>),
+}
+
+/// A module read ahead: on CPU backends already a tensor (the prefetcher's thread made it), on
+/// device backends the bytes to upload (uploads stay on the thread whose stream runs the
+/// model).
+enum Loaded<B: Backend> {
+    Host(Vec<HostTensor>),
+    Device(DeviceParams<B>),
 }
 
 /// One call of the wrapped model on one thread.
@@ -123,13 +132,13 @@ struct State<B: Backend> {
     order: Vec<usize>,
     learning: bool,
     passes: HashMap<ThreadId, Pass<B>>,
-    staged: HashMap<usize, Staged>,
+    staged: HashMap<usize, Staged<B>>,
     counters: OffloadCounters,
 }
 
-enum Source {
-    Staged(Result<Vec<TensorData>, MemoryError>),
-    Host(Arc<Vec<TensorData>>),
+enum Source<B: Backend> {
+    Staged(Result<Loaded<B>, MemoryError>),
+    Host(Arc<Vec<HostTensor>>),
     Disk(DiskFile),
 }
 
@@ -338,7 +347,7 @@ impl<B: DeviceMemory> Inner<B> {
     pub(crate) fn place(
         &self,
         module: usize,
-        data: Vec<TensorData>,
+        data: Vec<HostTensor>,
         device: Option<DeviceParams<B>>,
     ) -> Result<(), MemoryError> {
         let bytes = lock(&self.state).modules[module].bytes;
@@ -382,8 +391,8 @@ impl<B: DeviceMemory> Inner<B> {
 
     /// Writes a module to the disk cache if it has room: `Ok(false)` (and a warning, once per
     /// module) when `max_disk_bytes` would be passed.
-    fn write_to_disk(&self, module: usize, data: &[TensorData]) -> Result<bool, MemoryError> {
-        let bytes: u64 = data.iter().map(|d| d.as_bytes().len() as u64).sum();
+    fn write_to_disk(&self, module: usize, data: &[HostTensor]) -> Result<bool, MemoryError> {
+        let bytes: u64 = data.iter().map(HostTensor::len).sum();
         {
             let mut state = lock(&self.state);
             if state.disk_bytes + bytes > self.config.max_disk_bytes {
@@ -510,16 +519,14 @@ impl<B: DeviceMemory> Inner<B> {
         };
         drop(state);
         self.request_prefetch(next);
-        let data = match source {
-            Source::Staged(result) => result?,
-            Source::Host(data) => copy(&data),
-            Source::Disk(file) => self.cache_dir()?.read(&file)?,
+        let params = match source {
+            Source::Staged(result) => match result? {
+                Loaded::Device(params) => params,
+                Loaded::Host(data) => self.upload(&data),
+            },
+            Source::Host(data) => self.upload(&data),
+            Source::Disk(file) => self.upload(&self.cache_dir()?.read(&file)?),
         };
-        let params: DeviceParams<B> = Arc::new(
-            data.into_iter()
-                .map(|data| B::float_from_data(data, &self.device))
-                .collect(),
-        );
         let mut state = lock(&self.state);
         let bytes = state.modules[module].bytes;
         if from_disk {
@@ -566,13 +573,29 @@ impl<B: DeviceMemory> Inner<B> {
         }
     }
 
+    /// Tensors on the device over `data`: zero-copy on CPU backends, one upload on others.
+    fn upload(&self, data: &[HostTensor]) -> DeviceParams<B> {
+        Arc::new(
+            data.iter()
+                .map(|data| B::float_from_data(data.to_data(), &self.device))
+                .collect(),
+        )
+    }
+
     /// Reads a module ahead, on the prefetcher's thread.
     fn prefetch_now(&self, module: usize) {
         let source = lock(&self.state).source(module);
-        let result = source.and_then(|source| match source {
-            Source::Host(data) => Ok(copy(&data)),
-            Source::Disk(file) => self.cache_dir()?.read(&file),
-            Source::Staged(result) => result,
+        let result = source.and_then(|source| {
+            let data = match source {
+                Source::Host(data) => data.to_vec(),
+                Source::Disk(file) => self.cache_dir()?.read(&file)?,
+                Source::Staged(result) => return result,
+            };
+            Ok(if B::SOURCE == MemorySource::Process {
+                Loaded::Device(self.upload(&data))
+            } else {
+                Loaded::Host(data)
+            })
         });
         let mut state = lock(&self.state);
         if let Some(Staged::Pending) = state.staged.get(&module) {
@@ -768,7 +791,7 @@ impl<B: Backend> State<B> {
     }
 
     /// Where to load `module` from: the host tier first.
-    fn source(&self, module: usize) -> Result<Source, MemoryError> {
+    fn source(&self, module: usize) -> Result<Source<B>, MemoryError> {
         let slot = &self.modules[module];
         match (&slot.host, &slot.disk) {
             (Some(data), _) => Ok(Source::Host(data.clone())),
@@ -842,11 +865,4 @@ impl<B: Backend> State<B> {
         modules.truncate(count);
         modules
     }
-}
-
-/// A fresh copy of host-tier data: the load itself (the tier keeps its copy).
-fn copy(data: &[TensorData]) -> Vec<TensorData> {
-    data.iter()
-        .map(|data| TensorData::from_bytes_vec(data.as_bytes().to_vec(), data.shape.clone(), data.dtype))
-        .collect()
 }

@@ -24,6 +24,7 @@
 
 mod cache;
 mod config;
+mod host;
 mod manager;
 mod summary;
 mod wrap;

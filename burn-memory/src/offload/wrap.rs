@@ -7,6 +7,7 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 
+use super::host::HostTensor;
 use super::manager::{Inner, ParamMeta};
 use super::OffloadManager;
 use crate::{DeviceMemory, Layers, MemoryError};
@@ -233,7 +234,7 @@ impl<B: Backend> ModuleMapper<B> for Materialise {
 /// A module being wrapped: its parameters' data until the module is complete.
 struct PendingModule<B: Backend> {
     module: usize,
-    data: Vec<burn::tensor::TensorData>,
+    data: Vec<HostTensor>,
     device: Vec<B::FloatTensorPrimitive>,
 }
 
@@ -307,7 +308,7 @@ impl<B: DeviceMemory> ModuleMapper<B> for Wrapper<'_, B> {
         if !self.inner.config.eager_offload {
             pending.device.push(tensor.clone().into_primitive().tensor());
         }
-        pending.data.push(tensor.into_data());
+        pending.data.push(HostTensor::from_data(tensor.into_data()));
         let inner = self.inner.clone();
         let lazy = Param::uninitialized(
             id,

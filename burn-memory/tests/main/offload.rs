@@ -153,6 +153,12 @@ fn every_tier_matches_the_resident_model_on_flex() {
     every_tier_matches_the_resident_model::<Flex>(&Default::default());
 }
 
+/// NdArray copies shared bytes into its own arrays, where Flex takes them as they are.
+#[test]
+fn every_tier_matches_the_resident_model_on_ndarray() {
+    every_tier_matches_the_resident_model::<burn::backend::NdArray>(&Default::default());
+}
+
 #[test]
 fn a_cache_directory_that_cannot_be_created_or_written_fails_the_wrap_and_returns_the_model() {
     let device = Default::default();
