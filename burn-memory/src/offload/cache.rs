@@ -155,24 +155,10 @@ impl CacheDir {
         } else {
             (bytes::Bytes::from_owner(map), AllocationProperty::File)
         };
-        let tensors =
-            safetensors::SafeTensors::deserialize(&raw).map_err(|error| fail(error.to_string()))?;
-        (0..tensors.len())
-            .map(|index| {
-                let view = tensors
-                    .tensor(&index.to_string())
-                    .map_err(|error| fail(error.to_string()))?;
-                let dtype = from_safetensors(view.dtype())
-                    .ok_or_else(|| fail(format!("unexpected dtype {:?}", view.dtype())))?;
-                let start = view.data().as_ptr() as usize - raw.as_ptr() as usize;
-                Ok(HostTensor {
-                    bytes: raw.slice(start..start + view.data().len()),
-                    shape: view.shape().into(),
-                    dtype,
-                    property,
-                })
-            })
-            .collect()
+        let mut tensors = HostTensor::all_in_safetensors(&raw, property).map_err(fail)?;
+        // Written as "0", "1", ...: back in that order.
+        tensors.sort_by_key(|(name, _)| name.parse::<usize>().unwrap_or(usize::MAX));
+        Ok(tensors.into_iter().map(|(_, tensor)| tensor).collect())
     }
 
     /// Removes one file (a module coming back to the host, or cleanup).
@@ -202,16 +188,6 @@ fn to_safetensors(dtype: DType) -> Option<Dtype> {
         DType::F32 | DType::Flex32 => Dtype::F32,
         DType::F16 => Dtype::F16,
         DType::BF16 => Dtype::BF16,
-        _ => return None,
-    })
-}
-
-fn from_safetensors(dtype: Dtype) -> Option<DType> {
-    Some(match dtype {
-        Dtype::F64 => DType::F64,
-        Dtype::F32 => DType::F32,
-        Dtype::F16 => DType::F16,
-        Dtype::BF16 => DType::BF16,
         _ => return None,
     })
 }

@@ -46,6 +46,35 @@ impl HostTensor {
     pub(crate) fn len(&self) -> u64 {
         self.bytes.len() as u64
     }
+
+    /// The tensors of a safetensors file held in `raw`, by name, each a slice of `raw`.
+    pub(crate) fn all_in_safetensors(
+        raw: &bytes::Bytes,
+        property: AllocationProperty,
+    ) -> Result<Vec<(String, HostTensor)>, String> {
+        let tensors = safetensors::SafeTensors::deserialize(raw).map_err(|e| e.to_string())?;
+        tensors
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| {
+                let dtype = match view.dtype() {
+                    safetensors::Dtype::F64 => DType::F64,
+                    safetensors::Dtype::F32 => DType::F32,
+                    safetensors::Dtype::F16 => DType::F16,
+                    safetensors::Dtype::BF16 => DType::BF16,
+                    other => return Err(format!("`{name}` is {other:?}, not a float type")),
+                };
+                let start = view.data().as_ptr() as usize - raw.as_ptr() as usize;
+                let tensor = HostTensor {
+                    bytes: raw.slice(start..start + view.data().len()),
+                    shape: view.shape().into(),
+                    dtype,
+                    property,
+                };
+                Ok((name, tensor))
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

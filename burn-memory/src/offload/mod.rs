@@ -26,10 +26,14 @@ mod cache;
 mod config;
 mod host;
 mod manager;
+#[cfg(feature = "train")]
+mod metric;
 mod summary;
 mod wrap;
 
 pub use config::OffloadConfig;
 pub use manager::OffloadManager;
+#[cfg(feature = "train")]
+pub use metric::{OffloadMetric, OffloadQuantity};
 pub use summary::{OffloadCounters, OffloadSummary, TierUsage};
 pub use wrap::{OffloadedModel, Selection, WrapError};

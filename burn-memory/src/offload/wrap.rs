@@ -1,9 +1,11 @@
 //! Wrapping a model: which modules are managed, and the lazy parameters that load them.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use burn::module::{Module, ModuleMapper, Param};
+use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 
@@ -86,6 +88,8 @@ pub struct OffloadedModel<B: DeviceMemory, M> {
     manager: OffloadManager<B>,
     template: M,
     modules: Vec<usize>,
+    /// The parameters the wrap made lazy.
+    params: HashSet<ParamId>,
 }
 
 impl<B: DeviceMemory, M: fmt::Debug> fmt::Debug for OffloadedModel<B, M> {
@@ -110,6 +114,37 @@ impl<B: DeviceMemory> OffloadManager<B> {
         model: M,
         selection: &Selection,
     ) -> Result<OffloadedModel<B, M>, WrapError<M>> {
+        self.wrap_with(model, selection, None)
+    }
+
+    /// Wraps a model whose parameters come from the safetensors checkpoint at `path` (as
+    /// burn-store's `SafetensorsStore` writes it: one tensor per parameter, named by its path,
+    /// `layers.0.weight`), without running the model's own initialisers: build the model with
+    /// its config's `init` (lazy) and wrap it here. The managed parameters go from the
+    /// memory-mapped file straight to the host tier (slices of the mapping: no copy until
+    /// used) or the disk cache, never through the device; the others are loaded onto the
+    /// device. Parameters keep the file's dtype.
+    ///
+    /// Errors, with the model back as it came: the file cannot be read or parsed, a parameter
+    /// is missing from it or has another shape, or any error [`wrap`](Self::wrap) can give.
+    pub fn wrap_checkpoint<M: Module<B>>(
+        &self,
+        model: M,
+        path: impl AsRef<Path>,
+        selection: &Selection,
+    ) -> Result<OffloadedModel<B, M>, WrapError<M>> {
+        match Checkpoint::open(path.as_ref()) {
+            Ok(checkpoint) => self.wrap_with(model, selection, Some(checkpoint)),
+            Err(error) => Err(WrapError { error, model }),
+        }
+    }
+
+    fn wrap_with<M: Module<B>>(
+        &self,
+        model: M,
+        selection: &Selection,
+        checkpoint: Option<Checkpoint>,
+    ) -> Result<OffloadedModel<B, M>, WrapError<M>> {
         if let Err(error) = self.inner.ensure_alive() {
             return Err(WrapError { error, model });
         }
@@ -120,10 +155,12 @@ impl<B: DeviceMemory> OffloadManager<B> {
         }
         let mut wrapper = Wrapper {
             inner: self.inner.clone(),
+            checkpoint,
             selection,
             path: Vec::new(),
             pending: None,
             modules: Vec::new(),
+            params: HashSet::new(),
             error: None,
         };
         let template = model.map(&mut wrapper);
@@ -132,6 +169,7 @@ impl<B: DeviceMemory> OffloadManager<B> {
             manager: self.clone(),
             template,
             modules: wrapper.modules,
+            params: wrapper.params,
         };
         match wrapper.error {
             None => Ok(model),
@@ -216,18 +254,73 @@ impl<B: DeviceMemory, M: Module<B>> OffloadedModel<B, M> {
     pub fn into_inner(self) -> Result<M, MemoryError> {
         let inner = &self.manager.inner;
         inner.begin_pass();
-        let model = self.template.clone().map(&mut Materialise);
+        let model = self.template.clone().map(&mut Materialise {
+            only: Some(&self.params),
+        });
         let ended = inner.end_pass();
         ended.map(|()| model)
     }
 }
 
-/// Runs every lazy parameter's initialiser, leaving plain parameters.
-struct Materialise;
+/// A safetensors checkpoint, memory-mapped: its tensors are slices of the mapping.
+struct Checkpoint {
+    path: PathBuf,
+    tensors: HashMap<String, HostTensor>,
+}
 
-impl<B: Backend> ModuleMapper<B> for Materialise {
+impl Checkpoint {
+    fn open(path: &Path) -> Result<Self, MemoryError> {
+        let fail = |message: String| MemoryError::OffloadCache {
+            path: path.to_path_buf(),
+            message,
+        };
+        let file = std::fs::File::open(path).map_err(|source| MemoryError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        // SAFETY: read-only mapping of the user's checkpoint, which must not change while the
+        // model uses it (as with burn-store's memory-mapped loading).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| fail(e.to_string()))?;
+        let raw = bytes::Bytes::from_owner(map);
+        let tensors = HostTensor::all_in_safetensors(&raw, burn::tensor::AllocationProperty::File)
+            .map_err(fail)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            tensors: tensors.into_iter().collect(),
+        })
+    }
+
+    fn get(&self, name: &str, shape: &burn::tensor::Shape) -> Result<HostTensor, MemoryError> {
+        let fail = |message: String| MemoryError::OffloadCache {
+            path: self.path.clone(),
+            message,
+        };
+        let tensor = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| fail(format!("no tensor `{name}` in the checkpoint")))?;
+        if tensor.shape != *shape {
+            return Err(fail(format!(
+                "`{name}` has shape {:?}, the model's parameter {:?}",
+                tensor.shape, shape
+            )));
+        }
+        Ok(tensor.clone())
+    }
+}
+
+/// Runs the initialisers of the parameters a wrap made (all of them without a list), leaving
+/// plain parameters on the device; others stay as they are.
+struct Materialise<'a> {
+    only: Option<&'a HashSet<ParamId>>,
+}
+
+impl<B: Backend> ModuleMapper<B> for Materialise<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        param.map(|tensor| tensor)
+        match self.only {
+            Some(ids) if !ids.contains(&param.id) => param,
+            _ => param.map(|tensor| tensor),
+        }
     }
 }
 
@@ -240,18 +333,22 @@ struct PendingModule<B: Backend> {
 
 struct Wrapper<'a, B: DeviceMemory> {
     inner: Arc<Inner<B>>,
+    /// Parameters come from this checkpoint instead of the model.
+    checkpoint: Option<Checkpoint>,
     selection: &'a Selection,
     /// The fields entered: (name, the type of the struct they belong to).
     path: Vec<(String, String)>,
     pending: Option<PendingModule<B>>,
     modules: Vec<usize>,
+    params: HashSet<ParamId>,
     error: Option<MemoryError>,
 }
 
 impl<B: DeviceMemory> Wrapper<'_, B> {
     fn finish(&mut self) {
         if let Some(pending) = self.pending.take() {
-            let device = (!self.inner.config.eager_offload).then(|| Arc::new(pending.device));
+            let device = (!self.inner.config.eager_offload && !pending.device.is_empty())
+                .then(|| Arc::new(pending.device));
             if let Err(error) = self.inner.place(pending.module, pending.data, device) {
                 self.error.get_or_insert(error);
             }
@@ -280,13 +377,51 @@ impl<B: DeviceMemory> ModuleMapper<B> for Wrapper<'_, B> {
             .join(".");
         let wanted = self.selection.accepts(&module_path, &type_name)
             && (D > 1 || self.inner.config.offload_1d_parameters);
-        if !wanted || self.error.is_some() {
+        if self.error.is_some() {
             return param;
         }
-        let (id, tensor, mapper) = param.consume();
-        let require_grad = tensor.is_require_grad();
-        let shape = tensor.shape();
-        let bytes = (shape.num_elements() * tensor.dtype().size()) as u64;
+        let (id, host, require_grad, shape, mapper, device_tensor) = match &self.checkpoint {
+            None if !wanted => return param,
+            None => {
+                let (id, tensor, mapper) = param.consume();
+                let require_grad = tensor.is_require_grad();
+                let shape = tensor.shape();
+                let device = (!self.inner.config.eager_offload)
+                    .then(|| tensor.clone().into_primitive().tensor());
+                let host = HostTensor::from_data(tensor.into_data());
+                (id, host, require_grad, shape, mapper, device)
+            }
+            Some(checkpoint) => {
+                let name = if module_path.is_empty() {
+                    self.path.last().map(|(field, _)| field.clone()).unwrap_or_default()
+                } else {
+                    format!("{module_path}.{}", self.path.last().expect("checked above").0)
+                };
+                let host = match checkpoint.get(&name, &param.lazy_shape()) {
+                    Ok(host) => host,
+                    Err(error) => {
+                        self.error = Some(error);
+                        return param;
+                    }
+                };
+                let id = param.id;
+                if !wanted {
+                    let tensor = Tensor::from_primitive(TensorPrimitive::Float(
+                        B::float_from_data(host.to_data(), &param.lazy_device()),
+                    ));
+                    return param.transform_for_load(tensor, id);
+                }
+                // Burn reads a lazy parameter's gradient setting only in `transform_for_load`:
+                // ask it with a one-element stand-in rather than run the initialiser.
+                let stand_in = Tensor::<B, D>::zeros([1; D], &param.lazy_device());
+                let require_grad = param.clone().transform_for_load(stand_in, id).is_require_grad();
+                let shape = param.lazy_shape();
+                // Taking the load/save mapper out of a parameter runs its initialiser; a model
+                // fresh from `init` has none to keep.
+                (id, host, require_grad, shape, Default::default(), None)
+            }
+        };
+        let bytes = host.len();
         let (module, index) = self.inner.register(
             &module_path,
             ParamMeta {
@@ -305,10 +440,9 @@ impl<B: DeviceMemory> ModuleMapper<B> for Wrapper<'_, B> {
             data: Vec::new(),
             device: Vec::new(),
         });
-        if !self.inner.config.eager_offload {
-            pending.device.push(tensor.clone().into_primitive().tensor());
-        }
-        pending.data.push(HostTensor::from_data(tensor.into_data()));
+        pending.device.extend(device_tensor);
+        self.params.insert(id);
+        pending.data.push(host);
         let inner = self.inner.clone();
         let lazy = Param::uninitialized(
             id,

@@ -435,3 +435,105 @@ pub fn cleanup_returns_memory<B: DeviceMemory>(device: &B::Device, tolerance: u6
         "in use before the wrap {before} B, after cleanup {after} B"
     );
 }
+
+/// A stack whose initialisers panic: whatever loads it must never run them.
+fn stack_that_must_not_initialise(device: &burn::tensor::Device<Flex>) -> Stack<Flex> {
+    use burn::module::{Param, ParamId};
+    let layers = WIDTHS
+        .windows(2)
+        .map(|w| Linear {
+            weight: Param::uninitialized(
+                ParamId::new(),
+                |_, _| panic!("a weight's initialiser ran"),
+                *device,
+                false,
+                [w[0], w[1]].into(),
+            ),
+            bias: Some(Param::uninitialized(
+                ParamId::new(),
+                |_, _| panic!("a bias's initialiser ran"),
+                *device,
+                false,
+                [w[1]].into(),
+            )),
+        })
+        .collect();
+    Stack { layers }
+}
+
+/// Writes `model`'s parameters as burn-store names them (`layers.0.weight`), leaving out
+/// `skip` and giving `reshape` another shape.
+fn write_checkpoint(model: &Stack<Flex>, path: &Path, skip: &str, reshape: &str) {
+    let mut tensors = Vec::new();
+    for (i, layer) in model.layers.iter().enumerate() {
+        let weight = layer.weight.val().into_data();
+        let bias = layer.bias.as_ref().unwrap().val().into_data();
+        tensors.push((format!("layers.{i}.weight"), weight));
+        tensors.push((format!("layers.{i}.bias"), bias));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .filter(|(name, _)| name != skip)
+        .map(|(name, data)| {
+            let mut shape = data.shape.to_vec();
+            if name == reshape {
+                shape.reverse();
+            }
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, data.as_bytes())
+                    .unwrap();
+            (name.clone(), view)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+#[test]
+fn a_checkpoint_loads_straight_to_the_tiers_without_running_the_initialisers() {
+    let device = Default::default();
+    let resident = Stack::<Flex>::new(&WIDTHS, &device);
+    let x = input::<Flex>(6, &device);
+    let expected = resident.forward(x.clone()).into_data();
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().join("model.safetensors");
+    write_checkpoint(&resident, &path, "", "");
+    for host_tier in [true, false] {
+        let dir = root.path().join(format!("cache-{host_tier}"));
+        let config = config(&dir).with_host_tier(host_tier);
+        let manager = OffloadManager::<Flex>::new(config, &device).unwrap();
+        let model = manager
+            .wrap_checkpoint(stack_that_must_not_initialise(&device), &path, &Selection::default())
+            .unwrap();
+        let summary = manager.summary();
+        assert_eq!(summary.managed_bytes, weight_bytes());
+        let (on_host, on_disk) = if host_tier { (5, 0) } else { (0, 5) };
+        assert_eq!((summary.modules_on_host, summary.modules_on_disk), (on_host, on_disk));
+        for _ in 0..2 {
+            assert_eq!(model.forward_layers(x.clone()).unwrap().into_data(), expected);
+            assert_eq!(model.run(|m| m.forward(x.clone())).unwrap().into_data(), expected);
+        }
+    }
+    // A missing or misshapen tensor: a typed error naming it, the model back untouched.
+    for (skip, reshape, named) in [
+        ("layers.2.weight", "", "layers.2.weight"),
+        ("layers.4.bias", "", "layers.4.bias"),
+        ("", "layers.1.weight", "layers.1.weight"),
+    ] {
+        let bad = root.path().join("bad.safetensors");
+        write_checkpoint(&resident, &bad, skip, reshape);
+        let manager = OffloadManager::<Flex>::new(config(&root.path().join("bad")), &device).unwrap();
+        let error = manager
+            .wrap_checkpoint(stack_that_must_not_initialise(&device), &bad, &Selection::default())
+            .unwrap_err();
+        assert!(
+            matches!(&error.error, MemoryError::OffloadCache { message, .. } if message.contains(named)),
+            "{}",
+            error.error
+        );
+    }
+    let manager = OffloadManager::<Flex>::new(config(&root.path().join("none")), &device).unwrap();
+    let error = manager
+        .wrap_checkpoint(resident, root.path().join("absent.safetensors"), &Selection::default())
+        .unwrap_err();
+    assert!(matches!(error.error, MemoryError::Io { .. }), "{}", error.error);
+}
