@@ -60,7 +60,10 @@ impl CacheDir {
             if created {
                 let _ = fs::remove_dir_all(&path);
             }
-            return Err(MemoryError::Io { path: probe, source });
+            return Err(MemoryError::Io {
+                path: probe,
+                source,
+            });
         }
         Ok(Self { path, created })
     }
@@ -91,7 +94,10 @@ impl CacheDir {
             .map(|(index, data)| {
                 let view = TensorView::new(
                     to_safetensors(data.dtype).ok_or_else(|| {
-                        fail(format!("{:?} parameters cannot be offloaded to disk", data.dtype))
+                        fail(format!(
+                            "{:?} parameters cannot be offloaded to disk",
+                            data.dtype
+                        ))
                     })?,
                     data.shape.to_vec(),
                     &data.bytes,
@@ -200,7 +206,10 @@ mod tests {
 
     fn data() -> Vec<TensorData> {
         vec![
-            TensorData::new((0..600).map(|i| (i as f32).sin()).collect::<Vec<_>>(), [20, 30]),
+            TensorData::new(
+                (0..600).map(|i| (i as f32).sin()).collect::<Vec<_>>(),
+                [20, 30],
+            ),
             TensorData::new(vec![1.5f32, -2.0, 3.25], [3]),
         ]
     }
@@ -215,7 +224,12 @@ mod tests {
         for compress in [false, true] {
             let file = dir.write("m0", &sample(), compress).unwrap();
             assert_eq!(file.compressed, compress);
-            let back: Vec<TensorData> = dir.read(&file).unwrap().iter().map(HostTensor::to_data).collect();
+            let back: Vec<TensorData> = dir
+                .read(&file)
+                .unwrap()
+                .iter()
+                .map(HostTensor::to_data)
+                .collect();
             assert_eq!(back, data());
             dir.remove(&file);
             assert!(!file.path.exists());
@@ -243,7 +257,10 @@ mod tests {
             assert!(error.to_string().contains("written"), "{error}");
             // Deleted.
             fs::remove_file(&file.path).unwrap();
-            assert!(matches!(dir.read(&file), Err(MemoryError::OffloadCache { .. })));
+            assert!(matches!(
+                dir.read(&file),
+                Err(MemoryError::OffloadCache { .. })
+            ));
         }
         dir.remove_dir();
     }

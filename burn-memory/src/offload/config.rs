@@ -100,7 +100,10 @@ impl OffloadConfig {
     pub fn validate(&self) -> Result<(), MemoryError> {
         let thresholds = [
             ("device_offload_threshold", self.device_offload_threshold),
-            ("device_emergency_threshold", self.device_emergency_threshold),
+            (
+                "device_emergency_threshold",
+                self.device_emergency_threshold,
+            ),
             ("device_reload_threshold", self.device_reload_threshold),
             ("host_offload_threshold", self.host_offload_threshold),
         ];
@@ -185,17 +188,52 @@ mod tests {
     #[test]
     fn bad_settings_are_typed_errors_naming_the_setting() {
         let cases = [
-            (OffloadConfig::new().with_device_offload_threshold(0.0), "device_offload_threshold"),
-            (OffloadConfig::new().with_host_offload_threshold(1.5), "host_offload_threshold"),
-            (OffloadConfig::new().with_device_reload_threshold(f64::NAN), "device_reload_threshold"),
-            (OffloadConfig::new().with_device_reload_threshold(0.9), "device_reload_threshold"),
-            (OffloadConfig::new().with_device_emergency_threshold(0.8), "device_emergency_threshold"),
-            (OffloadConfig::new().with_device_budget_bytes(Some(0)), "device_budget_bytes"),
-            (OffloadConfig::new().with_host_budget_bytes(Some(0)), "host_budget_bytes"),
-            (OffloadConfig::new().with_check_interval_ms(0), "check_interval_ms"),
-            (OffloadConfig::new().with_offload_batch_size(0), "offload_batch_size"),
-            (OffloadConfig::new().with_max_disk_bytes(0), "max_disk_bytes"),
-            (OffloadConfig::new().with_host_tier(false).with_disk_tier(false), "tiers"),
+            (
+                OffloadConfig::new().with_device_offload_threshold(0.0),
+                "device_offload_threshold",
+            ),
+            (
+                OffloadConfig::new().with_host_offload_threshold(1.5),
+                "host_offload_threshold",
+            ),
+            (
+                OffloadConfig::new().with_device_reload_threshold(f64::NAN),
+                "device_reload_threshold",
+            ),
+            (
+                OffloadConfig::new().with_device_reload_threshold(0.9),
+                "device_reload_threshold",
+            ),
+            (
+                OffloadConfig::new().with_device_emergency_threshold(0.8),
+                "device_emergency_threshold",
+            ),
+            (
+                OffloadConfig::new().with_device_budget_bytes(Some(0)),
+                "device_budget_bytes",
+            ),
+            (
+                OffloadConfig::new().with_host_budget_bytes(Some(0)),
+                "host_budget_bytes",
+            ),
+            (
+                OffloadConfig::new().with_check_interval_ms(0),
+                "check_interval_ms",
+            ),
+            (
+                OffloadConfig::new().with_offload_batch_size(0),
+                "offload_batch_size",
+            ),
+            (
+                OffloadConfig::new().with_max_disk_bytes(0),
+                "max_disk_bytes",
+            ),
+            (
+                OffloadConfig::new()
+                    .with_host_tier(false)
+                    .with_disk_tier(false),
+                "tiers",
+            ),
         ];
         for (config, setting) in cases {
             match config.validate() {

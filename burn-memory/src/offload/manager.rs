@@ -8,17 +8,18 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use burn::tensor::backend::Backend;
 use burn::tensor::Shape;
+use burn::tensor::backend::Backend;
 
+use super::OffloadConfig;
 use super::cache::{CacheDir, DiskFile};
 use super::host::HostTensor;
 use super::summary::{OffloadCounters, OffloadSummary, TierUsage};
-use super::OffloadConfig;
 use crate::{DeviceMemory, MemoryError, MemorySource, MemoryTracker};
 
 /// A module's parameters on the device, in the order they were registered.
-pub(crate) type DeviceParams<B> = Arc<Vec<<B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive>>;
+pub(crate) type DeviceParams<B> =
+    Arc<Vec<<B as burn::tensor::backend::BackendTypes>::FloatTensorPrimitive>>;
 
 /// Moves the parameters of chosen modules between the device, host memory and a disk cache,
 /// so that a model larger than the device runs.
@@ -143,7 +144,9 @@ enum Source<B: Backend> {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl<B: DeviceMemory> OffloadManager<B> {
@@ -409,7 +412,11 @@ impl<B: DeviceMemory> Inner<B> {
             state.disk_bytes += bytes;
         }
         let written = self.cache_dir().and_then(|dir| {
-            dir.write(&format!("m{module:05}"), data, self.config.compress_disk_cache)
+            dir.write(
+                &format!("m{module:05}"),
+                data,
+                self.config.compress_disk_cache,
+            )
         });
         let mut state = lock(&self.state);
         state.disk_bytes -= bytes;
@@ -785,9 +792,7 @@ impl<B: Backend> State<B> {
         self.modules
             .iter()
             .position(|slot| slot.path == path)
-            .ok_or_else(|| {
-                MemoryError::invalid("module", format!("no managed module at `{path}`"))
-            })
+            .ok_or_else(|| MemoryError::invalid("module", format!("no managed module at `{path}`")))
     }
 
     /// Where to load `module` from: the host tier first.
@@ -798,7 +803,10 @@ impl<B: Backend> State<B> {
             (None, Some(file)) => Ok(Source::Disk(file.clone())),
             (None, None) => Err(MemoryError::invalid(
                 "offload manager",
-                format!("`{}` has no copy left (the manager was cleaned up)", slot.path),
+                format!(
+                    "`{}` has no copy left (the manager was cleaned up)",
+                    slot.path
+                ),
             )),
         }
     }
@@ -818,7 +826,8 @@ impl<B: Backend> State<B> {
             self.order.push(module);
             self.learning = true;
             self.counters.order_resets += 1;
-            self.staged.retain(|_, staged| matches!(staged, Staged::Pending));
+            self.staged
+                .retain(|_, staged| matches!(staged, Staged::Pending));
             return None;
         }
         if !prefetch || self.learning {

@@ -9,9 +9,9 @@ use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 
+use super::OffloadManager;
 use super::host::HostTensor;
 use super::manager::{Inner, ParamMeta};
-use super::OffloadManager;
 use crate::{DeviceMemory, Layers, MemoryError};
 
 /// Which modules of a model an [`OffloadManager`] manages. A module is named by its path in
@@ -358,7 +358,8 @@ impl<B: DeviceMemory> Wrapper<'_, B> {
 
 impl<B: DeviceMemory> ModuleMapper<B> for Wrapper<'_, B> {
     fn enter_module(&mut self, name: &str, container_type: &str) {
-        self.path.push((name.to_string(), container_type.to_string()));
+        self.path
+            .push((name.to_string(), container_type.to_string()));
     }
 
     fn exit_module(&mut self, _name: &str, _container_type: &str) {
@@ -369,7 +370,10 @@ impl<B: DeviceMemory> ModuleMapper<B> for Wrapper<'_, B> {
         let Some((_, container)) = self.path.last() else {
             return param;
         };
-        let type_name = container.strip_prefix("Struct:").unwrap_or(container).to_string();
+        let type_name = container
+            .strip_prefix("Struct:")
+            .unwrap_or(container)
+            .to_string();
         let module_path = self.path[..self.path.len() - 1]
             .iter()
             .map(|(name, _)| name.as_str())
@@ -393,9 +397,15 @@ impl<B: DeviceMemory> ModuleMapper<B> for Wrapper<'_, B> {
             }
             Some(checkpoint) => {
                 let name = if module_path.is_empty() {
-                    self.path.last().map(|(field, _)| field.clone()).unwrap_or_default()
+                    self.path
+                        .last()
+                        .map(|(field, _)| field.clone())
+                        .unwrap_or_default()
                 } else {
-                    format!("{module_path}.{}", self.path.last().expect("checked above").0)
+                    format!(
+                        "{module_path}.{}",
+                        self.path.last().expect("checked above").0
+                    )
                 };
                 let host = match checkpoint.get(&name, &param.lazy_shape()) {
                     Ok(host) => host,
@@ -414,7 +424,10 @@ impl<B: DeviceMemory> ModuleMapper<B> for Wrapper<'_, B> {
                 // Burn reads a lazy parameter's gradient setting only in `transform_for_load`:
                 // ask it with a one-element stand-in rather than run the initialiser.
                 let stand_in = Tensor::<B, D>::zeros([1; D], &param.lazy_device());
-                let require_grad = param.clone().transform_for_load(stand_in, id).is_require_grad();
+                let require_grad = param
+                    .clone()
+                    .transform_for_load(stand_in, id)
+                    .is_require_grad();
                 let shape = param.lazy_shape();
                 // Taking the load/save mapper out of a parameter runs its initialiser; a model
                 // fresh from `init` has none to keep.

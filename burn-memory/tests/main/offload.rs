@@ -53,7 +53,11 @@ impl<B: Backend> Layers<B, 2> for Stack<B> {
 
     fn forward_layer(&self, index: usize, input: Tensor<B, 2>) -> Tensor<B, 2> {
         let y = self.layers[index].forward(input);
-        if index + 1 < self.layers.len() { relu(y) } else { y }
+        if index + 1 < self.layers.len() {
+            relu(y)
+        } else {
+            y
+        }
     }
 }
 
@@ -81,14 +85,19 @@ fn config(dir: &Path) -> OffloadConfig {
 /// The tiers the example compares, as configurations.
 fn tier_configs(dir: &Path) -> Vec<(&'static str, OffloadConfig)> {
     let host = config(dir).with_disk_tier(false);
-    let disk = config(dir).with_host_tier(false).with_compress_disk_cache(false);
+    let disk = config(dir)
+        .with_host_tier(false)
+        .with_compress_disk_cache(false);
     vec![
         ("host", host.clone().with_prefetch(false)),
         ("host+prefetch", host.clone()),
         ("host, not eager", host.with_eager_offload(false)),
         ("disk", disk.clone().with_prefetch(false)),
         ("disk+prefetch", disk.clone()),
-        ("disk+prefetch+compressed", disk.with_compress_disk_cache(true)),
+        (
+            "disk+prefetch+compressed",
+            disk.with_compress_disk_cache(true),
+        ),
     ]
 }
 
@@ -105,7 +114,10 @@ fn files_in(dir: &Path) -> Vec<PathBuf> {
 pub fn every_tier_matches_the_resident_model<B: DeviceMemory>(device: &B::Device) {
     let resident = Stack::<B>::new(&WIDTHS, device);
     let inputs: Vec<Tensor<B, 2>> = (0..3).map(|seed| input(seed, device)).collect();
-    let expected: Vec<_> = inputs.iter().map(|x| resident.forward(x.clone()).into_data()).collect();
+    let expected: Vec<_> = inputs
+        .iter()
+        .map(|x| resident.forward(x.clone()).into_data())
+        .collect();
     let root = tempfile::tempdir().unwrap();
     for (name, config) in tier_configs(root.path()) {
         let dir = root.path().join(name.replace(['+', ',', ' '], "_"));
@@ -113,14 +125,24 @@ pub fn every_tier_matches_the_resident_model<B: DeviceMemory>(device: &B::Device
         let prefetch = config.prefetch;
         let to_disk = !config.host_tier;
         let manager = OffloadManager::<B>::new(config, device).unwrap();
-        let model = manager.wrap(resident.clone(), &Selection::default()).unwrap();
+        let model = manager
+            .wrap(resident.clone(), &Selection::default())
+            .unwrap();
         assert_eq!(model.module_count(), WIDTHS.len() - 1, "{name}");
         for pass in 0..3 {
             for (x, expected) in inputs.iter().zip(&expected) {
                 let y = model.forward_layers(x.clone()).unwrap();
-                assert_eq!(y.into_data(), *expected, "{name}, pass {pass}, layer by layer");
+                assert_eq!(
+                    y.into_data(),
+                    *expected,
+                    "{name}, pass {pass}, layer by layer"
+                );
                 let y = model.run(|m| m.forward(x.clone())).unwrap();
-                assert_eq!(y.into_data(), *expected, "{name}, pass {pass}, whole forward");
+                assert_eq!(
+                    y.into_data(),
+                    *expected,
+                    "{name}, pass {pass}, whole forward"
+                );
             }
         }
         let summary = manager.summary();
@@ -129,22 +151,45 @@ pub fn every_tier_matches_the_resident_model<B: DeviceMemory>(device: &B::Device
         let c = summary.counters;
         if to_disk {
             assert_eq!(summary.modules_on_disk, WIDTHS.len() - 1, "{name}");
-            assert_eq!(files_in(&dir).len(), WIDTHS.len() - 1, "{name}: one file per module");
-            assert!(c.loads_from_disk > 0 && c.loads_from_host == 0, "{name}: {summary}");
+            assert_eq!(
+                files_in(&dir).len(),
+                WIDTHS.len() - 1,
+                "{name}: one file per module"
+            );
+            assert!(
+                c.loads_from_disk > 0 && c.loads_from_host == 0,
+                "{name}: {summary}"
+            );
         } else {
             assert_eq!(summary.modules_on_host, WIDTHS.len() - 1, "{name}");
-            assert!(c.loads_from_host + c.cache_hits > 0 && c.loads_from_disk == 0, "{name}");
+            assert!(
+                c.loads_from_host + c.cache_hits > 0 && c.loads_from_disk == 0,
+                "{name}"
+            );
         }
-        assert_eq!(c.cache_hits, 0, "{name}: the budget leaves no room to cache");
+        assert_eq!(
+            c.cache_hits, 0,
+            "{name}: the budget leaves no room to cache"
+        );
         if prefetch {
-            assert!(c.prefetch_hits > 0, "{name}: the learned order was never used: {summary}");
+            assert!(
+                c.prefetch_hits > 0,
+                "{name}: the learned order was never used: {summary}"
+            );
         } else {
             assert_eq!(c.prefetches, 0, "{name}");
         }
         println!("{name}:\n{summary}");
         manager.cleanup();
-        assert!(files_in(&dir).is_empty(), "{name}: cleanup left {:?}", files_in(&dir));
-        assert!(!dir.exists(), "{name}: the directory the manager created is removed");
+        assert!(
+            files_in(&dir).is_empty(),
+            "{name}: cleanup left {:?}",
+            files_in(&dir)
+        );
+        assert!(
+            !dir.exists(),
+            "{name}: the directory the manager created is removed"
+        );
     }
 }
 
@@ -179,7 +224,11 @@ fn a_cache_directory_that_cannot_be_created_or_written_fails_the_wrap_and_return
         let error = manager
             .wrap(resident.clone(), &Selection::default())
             .unwrap_err();
-        assert!(matches!(error.error, MemoryError::Io { .. }), "{}", error.error);
+        assert!(
+            matches!(error.error, MemoryError::Io { .. }),
+            "{}",
+            error.error
+        );
         assert_eq!(error.model.forward(x.clone()).into_data(), expected);
         assert_eq!(manager.summary().managed_modules, 0);
     }
@@ -200,14 +249,22 @@ fn a_full_disk_cache_keeps_modules_on_the_host_or_fails_the_wrap() {
         .with_compress_disk_cache(false)
         .with_max_disk_bytes(largest + 4096);
     let manager = OffloadManager::<Flex>::new(spill, &device).unwrap();
-    let model = manager.wrap(resident.clone(), &Selection::default()).unwrap();
+    let model = manager
+        .wrap(resident.clone(), &Selection::default())
+        .unwrap();
     let summary = manager.summary();
     // 18 + 31 KB do not fit 35 KB: some modules stay on the host, none is lost.
     assert!(summary.modules_on_disk >= 1, "{summary}");
     assert!(summary.modules_on_host >= 1, "{summary}");
-    assert_eq!(summary.modules_on_disk + summary.modules_on_host, WIDTHS.len() - 1);
+    assert_eq!(
+        summary.modules_on_disk + summary.modules_on_host,
+        WIDTHS.len() - 1
+    );
     assert!(summary.disk.bytes <= largest + 4096);
-    assert_eq!(summary.counters.disk_full, summary.modules_on_host as u64, "{summary}");
+    assert_eq!(
+        summary.counters.disk_full, summary.modules_on_host as u64,
+        "{summary}"
+    );
     for _ in 0..2 {
         let y = model.forward_layers(x.clone()).unwrap();
         assert_eq!(y.into_data(), expected, "no parameter lost");
@@ -227,7 +284,10 @@ fn a_full_disk_cache_keeps_modules_on_the_host_or_fails_the_wrap() {
         error.error
     );
     assert_eq!(error.model.forward(x).into_data(), expected);
-    assert!(files_in(&root.path().join("full")).is_empty(), "the failed wrap's files are removed");
+    assert!(
+        files_in(&root.path().join("full")).is_empty(),
+        "the failed wrap's files are removed"
+    );
 }
 
 /// Damages one cache file after a first good pass, and checks that every call then fails with
@@ -239,7 +299,8 @@ fn damaged_or_deleted_cache_files_are_errors_never_outputs() {
     let x = input::<Flex>(3, &device);
     let expected = resident.forward(x.clone()).into_data();
     let root = tempfile::tempdir().unwrap();
-    let damages: [(&str, fn(&Path)); 3] = [
+    type Damage = fn(&Path);
+    let damages: [(&str, Damage); 3] = [
         ("corrupted", |path| {
             let mut bytes = fs::read(path).unwrap();
             let at = bytes.len() - 7;
@@ -262,8 +323,13 @@ fn damaged_or_deleted_cache_files_are_errors_never_outputs() {
                     .with_prefetch(prefetch)
                     .with_compress_disk_cache(compress);
                 let manager = OffloadManager::<Flex>::new(config, &device).unwrap();
-                let model = manager.wrap(resident.clone(), &Selection::default()).unwrap();
-                assert_eq!(model.forward_layers(x.clone()).unwrap().into_data(), expected);
+                let model = manager
+                    .wrap(resident.clone(), &Selection::default())
+                    .unwrap();
+                assert_eq!(
+                    model.forward_layers(x.clone()).unwrap().into_data(),
+                    expected
+                );
                 let mut files = files_in(&dir);
                 files.sort();
                 apply(&files[2]);
@@ -289,13 +355,18 @@ fn two_threads_at_once_get_the_outputs_of_one() {
     let device = Default::default();
     let resident = Stack::<Flex>::new(&WIDTHS, &device);
     let inputs: Vec<_> = (10..14).map(|seed| input::<Flex>(seed, &device)).collect();
-    let expected: Vec<_> = inputs.iter().map(|x| resident.forward(x.clone()).into_data()).collect();
+    let expected: Vec<_> = inputs
+        .iter()
+        .map(|x| resident.forward(x.clone()).into_data())
+        .collect();
     let root = tempfile::tempdir().unwrap();
     for (name, config) in tier_configs(root.path()) {
-        let config = config.with_cache_dir(Some(root.path().join(name.replace(['+', ',', ' '], "_"))));
+        let config =
+            config.with_cache_dir(Some(root.path().join(name.replace(['+', ',', ' '], "_"))));
         let manager = OffloadManager::<Flex>::new(config, &device).unwrap();
-        let model: OffloadedModel<Flex, Stack<Flex>> =
-            manager.wrap(resident.clone(), &Selection::default()).unwrap();
+        let model: OffloadedModel<Flex, Stack<Flex>> = manager
+            .wrap(resident.clone(), &Selection::default())
+            .unwrap();
         std::thread::scope(|scope| {
             for thread in 0..2 {
                 let (model, inputs, expected) = (&model, &inputs, &expected);
@@ -326,20 +397,32 @@ fn selections_pick_types_one_module_or_paths() {
         (Selection::default(), 5, weight_bytes()),
         (Selection::types(["Conv2d"]), 0, 0),
         (Selection::module("layers.1"), 1, (96 * 80 * 4) as u64),
-        (Selection::paths(|path| path.ends_with('3') || path.ends_with('4')), 2, ((96 * 64 + 64 * 16) * 4) as u64),
+        (
+            Selection::paths(|path| path.ends_with('3') || path.ends_with('4')),
+            2,
+            ((96 * 64 + 64 * 16) * 4) as u64,
+        ),
     ];
     for (selection, modules, bytes) in cases {
         let manager = OffloadManager::<Flex>::new(config(&root.path().join("s")), &device).unwrap();
         let model = manager.wrap(resident.clone(), &selection).unwrap();
         let summary = manager.summary();
         assert_eq!(summary.managed_modules, modules, "{selection:?}");
-        assert_eq!(summary.managed_bytes, bytes, "{selection:?}: weights only, biases stay");
-        assert_eq!(model.run(|m| m.forward(x.clone())).unwrap().into_data(), expected);
+        assert_eq!(
+            summary.managed_bytes, bytes,
+            "{selection:?}: weights only, biases stay"
+        );
+        assert_eq!(
+            model.run(|m| m.forward(x.clone())).unwrap().into_data(),
+            expected
+        );
     }
     // 1-D parameters too, on request.
     let config = config(&root.path().join("1d")).with_offload_1d_parameters(true);
     let manager = OffloadManager::<Flex>::new(config, &device).unwrap();
-    let model = manager.wrap(resident.clone(), &Selection::default()).unwrap();
+    let model = manager
+        .wrap(resident.clone(), &Selection::default())
+        .unwrap();
     let biases: u64 = WIDTHS[1..].iter().map(|&w| (w * 4) as u64).sum();
     assert_eq!(manager.summary().managed_bytes, weight_bytes() + biases);
     assert_eq!(model.forward_layers(x).unwrap().into_data(), expected);
@@ -360,9 +443,16 @@ fn manual_offload_and_load_move_modules_in_and_out_of_the_device_cache() {
     model.load_all().unwrap();
     assert_eq!(manager.summary().modules_on_device, 5);
     let loads = manager.summary().bytes_loaded();
-    assert_eq!(model.forward_layers(x.clone()).unwrap().into_data(), expected);
+    assert_eq!(
+        model.forward_layers(x.clone()).unwrap().into_data(),
+        expected
+    );
     let summary = manager.summary();
-    assert_eq!(summary.bytes_loaded(), loads, "all from the device cache: {summary}");
+    assert_eq!(
+        summary.bytes_loaded(),
+        loads,
+        "all from the device cache: {summary}"
+    );
     assert_eq!(summary.counters.cache_hits, 5);
     model.offload_all();
     assert_eq!(manager.summary().modules_on_device, 0);
@@ -420,13 +510,26 @@ pub fn cleanup_returns_memory<B: DeviceMemory>(device: &B::Device, tolerance: u6
     let manager = OffloadManager::<B>::new(config, device).unwrap();
     let model = manager.wrap(resident, &Selection::default()).unwrap();
     let wrapped = tracker.usage().unwrap().in_use;
-    assert!(!files_in(&dir).is_empty(), "the host budget sends modules to disk");
-    assert_eq!(model.forward_layers(x.clone()).unwrap().into_data(), expected);
+    assert!(
+        !files_in(&dir).is_empty(),
+        "the host budget sends modules to disk"
+    );
+    assert_eq!(
+        model.forward_layers(x.clone()).unwrap().into_data(),
+        expected
+    );
     let model = model.into_inner().unwrap();
     manager.cleanup();
     drop(manager);
-    assert!(!dir.exists(), "cleanup removes the cache directory it created");
-    assert_eq!(model.forward(x).into_data(), expected, "the model taken back still works");
+    assert!(
+        !dir.exists(),
+        "cleanup removes the cache directory it created"
+    );
+    assert_eq!(
+        model.forward(x).into_data(),
+        expected,
+        "the model taken back still works"
+    );
     let after = tracker.usage().unwrap().in_use;
     println!("in use before wrap {before} B, wrapped {wrapped} B, after cleanup {after} B");
     assert!(wrapped < before, "the eager offload freed device memory");
@@ -479,9 +582,12 @@ fn write_checkpoint(model: &Stack<Flex>, path: &Path, skip: &str, reshape: &str)
             if name == reshape {
                 shape.reverse();
             }
-            let view =
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, data.as_bytes())
-                    .unwrap();
+            let view = safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F32,
+                shape,
+                data.as_bytes(),
+            )
+            .unwrap();
             (name.clone(), view)
         })
         .collect();
@@ -502,15 +608,28 @@ fn a_checkpoint_loads_straight_to_the_tiers_without_running_the_initialisers() {
         let config = config(&dir).with_host_tier(host_tier);
         let manager = OffloadManager::<Flex>::new(config, &device).unwrap();
         let model = manager
-            .wrap_checkpoint(stack_that_must_not_initialise(&device), &path, &Selection::default())
+            .wrap_checkpoint(
+                stack_that_must_not_initialise(&device),
+                &path,
+                &Selection::default(),
+            )
             .unwrap();
         let summary = manager.summary();
         assert_eq!(summary.managed_bytes, weight_bytes());
         let (on_host, on_disk) = if host_tier { (5, 0) } else { (0, 5) };
-        assert_eq!((summary.modules_on_host, summary.modules_on_disk), (on_host, on_disk));
+        assert_eq!(
+            (summary.modules_on_host, summary.modules_on_disk),
+            (on_host, on_disk)
+        );
         for _ in 0..2 {
-            assert_eq!(model.forward_layers(x.clone()).unwrap().into_data(), expected);
-            assert_eq!(model.run(|m| m.forward(x.clone())).unwrap().into_data(), expected);
+            assert_eq!(
+                model.forward_layers(x.clone()).unwrap().into_data(),
+                expected
+            );
+            assert_eq!(
+                model.run(|m| m.forward(x.clone())).unwrap().into_data(),
+                expected
+            );
         }
     }
     // A missing or misshapen tensor: a typed error naming it, the model back untouched.
@@ -521,9 +640,14 @@ fn a_checkpoint_loads_straight_to_the_tiers_without_running_the_initialisers() {
     ] {
         let bad = root.path().join("bad.safetensors");
         write_checkpoint(&resident, &bad, skip, reshape);
-        let manager = OffloadManager::<Flex>::new(config(&root.path().join("bad")), &device).unwrap();
+        let manager =
+            OffloadManager::<Flex>::new(config(&root.path().join("bad")), &device).unwrap();
         let error = manager
-            .wrap_checkpoint(stack_that_must_not_initialise(&device), &bad, &Selection::default())
+            .wrap_checkpoint(
+                stack_that_must_not_initialise(&device),
+                &bad,
+                &Selection::default(),
+            )
             .unwrap_err();
         assert!(
             matches!(&error.error, MemoryError::OffloadCache { message, .. } if message.contains(named)),
@@ -533,7 +657,15 @@ fn a_checkpoint_loads_straight_to_the_tiers_without_running_the_initialisers() {
     }
     let manager = OffloadManager::<Flex>::new(config(&root.path().join("none")), &device).unwrap();
     let error = manager
-        .wrap_checkpoint(resident, root.path().join("absent.safetensors"), &Selection::default())
+        .wrap_checkpoint(
+            resident,
+            root.path().join("absent.safetensors"),
+            &Selection::default(),
+        )
         .unwrap_err();
-    assert!(matches!(error.error, MemoryError::Io { .. }), "{}", error.error);
+    assert!(
+        matches!(error.error, MemoryError::Io { .. }),
+        "{}",
+        error.error
+    );
 }
