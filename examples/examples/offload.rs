@@ -52,10 +52,13 @@ struct Args {
     /// The device budget, in MiB.
     #[arg(long, default_value_t = 256)]
     budget_mib: u64,
+    /// How often the managers' monitors read the device, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    check_interval_ms: u64,
     /// Where the disk cache goes (a fresh temporary directory when not given).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
-    /// Also write the rows as JSON here.
+    /// Also write the results as JSON here: `{"rows": [one object per row], "monitor": {..}}`.
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -150,8 +153,10 @@ struct Row {
     prefetch: bool,
 }
 
-fn configs(budget: u64) -> Vec<(&'static str, OffloadConfig)> {
-    let base = OffloadConfig::new().with_device_budget_bytes(Some(budget));
+fn configs(budget: u64, check_interval_ms: u64) -> Vec<(&'static str, OffloadConfig)> {
+    let base = OffloadConfig::new()
+        .with_device_budget_bytes(Some(budget))
+        .with_check_interval_ms(check_interval_ms);
     let host = base.clone().with_disk_tier(false);
     let disk = base
         .clone()
@@ -202,7 +207,7 @@ fn run<B: DeviceMemory>(args: &Args) -> anyhow::Result<()> {
         burn::tensor::Distribution::Normal(0.0, 1.0),
         &device,
     );
-    let rows = 1 + configs(budget).len();
+    let rows = 1 + configs(budget, args.check_interval_ms).len();
     let progress = ProgressBar::new(rows as u64).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
             .expect("a valid template"),
@@ -259,7 +264,7 @@ fn run<B: DeviceMemory>(args: &Args) -> anyhow::Result<()> {
     }
 
     let mut summaries = Vec::new();
-    for (name, config) in configs(budget) {
+    for (name, config) in configs(budget, args.check_interval_ms) {
         progress.set_message(name);
         let prefetch = config.prefetch;
         let config = config.with_cache_dir(args.cache_dir.as_ref().map(|dir| dir.join(name)));
@@ -315,36 +320,48 @@ fn run<B: DeviceMemory>(args: &Args) -> anyhow::Result<()> {
         B::SOURCE == burn_memory::MemorySource::Process,
     );
     println!(
-        "monitor overhead: {:+.2} % of the step time (host+prefetch, {} interleaved batches each, \
-         median {:.1} ms with a reading every 100 ms, {:.1} ms without; target < 1 %)",
-        100.0 * (overhead.0 / overhead.1 - 1.0),
-        2 * args.batches,
-        overhead.0,
-        overhead.1
+        "monitor overhead: {:+.2} % of the step time (host tier, median of {} paired rounds; \
+         median batch {:.1} ms with a reading every {} ms, {:.1} ms without; target < 1 %)",
+        100.0 * overhead.overhead,
+        overhead.rounds,
+        overhead.watched_ms,
+        args.check_interval_ms,
+        overhead.unwatched_ms
     );
     println!("\nThe managers at the end of each row:");
     for summary in summaries {
         println!("{summary}");
     }
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&table)?)?;
+        let json = serde_json::json!({ "rows": table, "monitor": overhead });
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)?;
         println!("wrote {}", path.display());
     }
     Ok(())
 }
 
-/// The monitor's cost: two wrapped copies of the model, one whose monitor reads the device every
-/// 100 ms and one whose monitor never does, run in alternation; their median batch times.
+/// The monitor's cost: wrapped copies of the model whose monitors read the device every
+/// `--check-interval-ms` or never, run in alternation; their median batch times.
 fn monitor_overhead<B: DeviceMemory>(
     args: &Args,
     budget: u64,
     input: &Tensor<B, 2>,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<MonitorCost> {
     let device = input.device();
     let config = OffloadConfig::new()
         .with_device_budget_bytes(Some(budget))
+        .with_check_interval_ms(args.check_interval_ms)
         .with_disk_tier(false);
-    let models = [config.check_interval_ms, 24 * 3_600_000].map(|interval| -> anyhow::Result<_> {
+    // Two models of each kind, made in the order watched, unwatched, unwatched, watched, so
+    // that where in memory a model's buffers landed does not favour either kind.
+    let never = 24 * 3_600_000;
+    let models = [
+        config.check_interval_ms,
+        never,
+        never,
+        config.check_interval_ms,
+    ]
+    .map(|interval| -> anyhow::Result<_> {
         let config = config.clone().with_check_interval_ms(interval);
         let manager = OffloadManager::<B>::new(config, &device)?;
         let model = manager
@@ -356,22 +373,43 @@ fn monitor_overhead<B: DeviceMemory>(
         model.forward_layers(input.clone())?;
         Ok(model)
     });
-    let [watched, unwatched] = models;
-    let (watched, unwatched) = (watched?, unwatched?);
+    let [w1, u1, u2, w2] = models;
+    let (watched, unwatched) = ([w1?, w2?], [u1?, u2?]);
+    let mut ratios = Vec::new();
     let mut times = [Vec::new(), Vec::new()];
-    for _ in 0..2 * args.batches {
-        for (model, times) in [&watched, &unwatched].into_iter().zip(&mut times) {
+    for round in 0..4 * args.batches {
+        let mut round_times = [0.0; 2];
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for which in order {
+            let model = &[&watched, &unwatched][which][(round / 2) % 2];
             let started = Instant::now();
             let _ = model.forward_layers(input.clone())?;
             B::sync(&device).expect("the device syncs");
-            times.push(started.elapsed().as_secs_f64() * 1e3);
+            round_times[which] = started.elapsed().as_secs_f64() * 1e3;
+            times[which].push(round_times[which]);
         }
+        ratios.push(round_times[0] / round_times[1]);
     }
-    let median = |times: &mut Vec<f64>| {
-        times.sort_by(f64::total_cmp);
-        times[times.len() / 2]
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
     };
-    Ok((median(&mut times[0]), median(&mut times[1])))
+    Ok(MonitorCost {
+        overhead: median(&mut ratios) - 1.0,
+        watched_ms: median(&mut times[0]),
+        unwatched_ms: median(&mut times[1]),
+        rounds: 4 * args.batches,
+    })
+}
+
+/// What the monitor costs, from [`monitor_overhead`].
+#[derive(Debug, Serialize)]
+struct MonitorCost {
+    /// Median over rounds of (batch time with the monitor / without) − 1.
+    overhead: f64,
+    watched_ms: f64,
+    unwatched_ms: f64,
+    rounds: usize,
 }
 
 /// Runs every layer of a resident stack (the `Layers` the offloaded model runs one by one).
