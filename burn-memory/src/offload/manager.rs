@@ -725,7 +725,8 @@ impl<B: DeviceMemory> Inner<B> {
     }
 
     fn summary(&self) -> OffloadSummary {
-        let device_bytes = self.tracker.usage().map_or(0, |usage| usage.in_use);
+        // A reading without a sync: the dashboard metrics call this every iteration.
+        let device_bytes = self.tracker.sample().map_or(0, |usage| usage.in_use);
         let state = lock(&self.state);
         let count = |f: fn(&Slot<B>) -> bool| state.modules.iter().filter(|s| f(s)).count();
         OffloadSummary {

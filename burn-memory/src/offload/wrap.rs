@@ -198,11 +198,11 @@ impl<B: DeviceMemory, M: Module<B>> OffloadedModel<B, M> {
     /// An error when a parameter could not be loaded (a damaged or deleted cache file): `f`'s
     /// output is dropped, never returned.
     pub fn run<R>(&self, f: impl FnOnce(&M) -> R) -> Result<R, MemoryError> {
-        self.manager.inner.begin_pass();
+        let pass = PassGuard::begin(&self.manager.inner);
         let view = self.template.clone();
         let output = f(&view);
         drop(view);
-        self.manager.inner.end_pass().map(|()| output)
+        pass.finish().map(|()| output)
     }
 
     /// Runs a layer sequence one layer at a time, each on its own copy of the model, so that
@@ -216,7 +216,7 @@ impl<B: DeviceMemory, M: Module<B>> OffloadedModel<B, M> {
         M: Layers<B, D>,
     {
         let inner = &self.manager.inner;
-        inner.begin_pass();
+        let pass = PassGuard::begin(inner);
         let mut x = input;
         for layer in 0..self.template.num_layers() {
             let view = self.template.clone();
@@ -227,7 +227,7 @@ impl<B: DeviceMemory, M: Module<B>> OffloadedModel<B, M> {
                 break;
             }
         }
-        inner.end_pass().map(|()| x)
+        pass.finish().map(|()| x)
     }
 
     /// The manager.
@@ -252,13 +252,41 @@ impl<B: DeviceMemory, M: Module<B>> OffloadedModel<B, M> {
 
     /// The model with every parameter back on the device and no link to the manager.
     pub fn into_inner(self) -> Result<M, MemoryError> {
-        let inner = &self.manager.inner;
-        inner.begin_pass();
+        let pass = PassGuard::begin(&self.manager.inner);
         let model = self.template.clone().map(&mut Materialise {
             only: Some(&self.params),
         });
-        let ended = inner.end_pass();
-        ended.map(|()| model)
+        pass.finish().map(|()| model)
+    }
+}
+
+/// One call of the wrapped model on this thread: ended by `finish` (which returns the first
+/// load error) or, when the call panics, by `Drop`, so that the thread's next call starts clean.
+struct PassGuard<'a, B: DeviceMemory> {
+    inner: &'a Inner<B>,
+    finished: bool,
+}
+
+impl<'a, B: DeviceMemory> PassGuard<'a, B> {
+    fn begin(inner: &'a Inner<B>) -> Self {
+        inner.begin_pass();
+        Self {
+            inner,
+            finished: false,
+        }
+    }
+
+    fn finish(mut self) -> Result<(), MemoryError> {
+        self.finished = true;
+        self.inner.end_pass()
+    }
+}
+
+impl<B: DeviceMemory> Drop for PassGuard<'_, B> {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = self.inner.end_pass();
+        }
     }
 }
 

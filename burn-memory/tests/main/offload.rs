@@ -669,3 +669,31 @@ fn a_checkpoint_loads_straight_to_the_tiers_without_running_the_initialisers() {
         error.error
     );
 }
+
+/// A call that panics must not leave its thread's call open: later calls learn the order and
+/// prefetch along it as usual.
+#[test]
+fn a_panicking_call_leaves_the_next_calls_unaffected() {
+    let device = Default::default();
+    let resident = Stack::<Flex>::new(&WIDTHS, &device);
+    let x = input::<Flex>(7, &device);
+    let expected = resident.forward(x.clone()).into_data();
+    let root = tempfile::tempdir().unwrap();
+    let manager = OffloadManager::<Flex>::new(config(root.path()), &device).unwrap();
+    let model = manager.wrap(resident, &Selection::default()).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        model.run(|m| {
+            let _ = m.forward(x.clone());
+            panic!("the user's closure fails");
+        })
+    }));
+    assert!(panicked.is_err());
+    for _ in 0..3 {
+        assert_eq!(
+            model.forward_layers(x.clone()).unwrap().into_data(),
+            expected
+        );
+    }
+    let summary = manager.summary();
+    assert!(summary.counters.prefetch_hits > 0, "{summary}");
+}
