@@ -54,6 +54,9 @@ mod heap;
 #[cfg(feature = "train")]
 mod metric;
 mod monitor;
+#[cfg(test)]
+#[path = "../../testing/own_process.rs"]
+mod own_process;
 pub mod offload;
 mod plot;
 mod process;

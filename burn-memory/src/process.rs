@@ -86,8 +86,16 @@ fn status_field(name: &str) -> Option<u64> {
 mod tests {
     use super::*;
 
+    /// In its own process: other tests allocating or freeing meanwhile move the resident figure.
     #[test]
     fn resident_memory_grows_with_a_touched_buffer() {
+        crate::own_process::in_own_process(
+            "process::tests::resident_memory_grows_with_a_touched_buffer",
+            resident_memory_grows,
+        );
+    }
+
+    fn resident_memory_grows() {
         let before = resident_bytes().unwrap();
         // `black_box`: in a release build the optimiser would otherwise drop the unused buffer.
         let buffer = std::hint::black_box(vec![1u8; 64 << 20]);

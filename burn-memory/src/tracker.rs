@@ -217,9 +217,17 @@ mod tests {
     use super::MemoryTracker;
 
     /// Without a `CountingAllocator` (this unit-test binary installs none), the tracker on
-    /// NdArray reads the process's resident memory, whose peak sees a touched transient.
+    /// NdArray reads the process's resident memory, whose peak sees a touched transient. In its
+    /// own process: other tests allocating or freeing meanwhile move the resident figure.
     #[test]
     fn tracker_reports_resident_memory_without_a_counting_allocator() {
+        crate::own_process::in_own_process(
+            "tracker::tests::tracker_reports_resident_memory_without_a_counting_allocator",
+            resident_peak_sees_a_transient,
+        );
+    }
+
+    fn resident_peak_sees_a_transient() {
         let device = Default::default();
         let tracker = MemoryTracker::<NdArray>::new(&device);
         // 64 MiB of random f32, every page touched.
