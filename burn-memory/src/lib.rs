@@ -54,10 +54,10 @@ mod heap;
 #[cfg(feature = "train")]
 mod metric;
 mod monitor;
+pub mod offload;
 #[cfg(test)]
 #[path = "../../testing/own_process.rs"]
 mod own_process;
-pub mod offload;
 mod plot;
 mod process;
 mod segments;
