@@ -69,6 +69,13 @@ struct Stack<B: Backend> {
     layers: Vec<Linear<B>>,
 }
 
+impl<B: Backend> Stack<B> {
+    /// Every layer in turn: the resident model's forward.
+    fn forward(&self, input: Tensor<B, 2>) -> Tensor<B, 2> {
+        (0..self.num_layers()).fold(input, |x, i| self.forward_layer(i, x))
+    }
+}
+
 impl<B: Backend> Layers<B, 2> for Stack<B> {
     fn num_layers(&self) -> usize {
         self.layers.len()
@@ -239,11 +246,11 @@ fn run<B: DeviceMemory>(args: &Args) -> anyhow::Result<()> {
         let (model, wrap) = tracker.profile(|| {
             let model = lazy_stack::<B>(args.layers, args.width, &device);
             // Materialise every parameter now, as a loaded checkpoint would be.
-            let _ = model.forward_layers_all(input.clone());
+            let _ = model.forward(input.clone());
             model
         })?;
-        let _ = model.forward_layers_all(input.clone());
-        let (ms, peak, output) = time(&|| model.forward_layers_all(input.clone()))?;
+        let _ = model.forward(input.clone());
+        let (ms, peak, output) = time(&|| model.forward(input.clone()))?;
         reference = output;
         table.push(Row {
             config: "resident".into(),
@@ -410,17 +417,6 @@ struct MonitorCost {
     watched_ms: f64,
     unwatched_ms: f64,
     rounds: usize,
-}
-
-/// Runs every layer of a resident stack (the `Layers` the offloaded model runs one by one).
-trait ForwardAll<B: Backend> {
-    fn forward_layers_all(&self, input: Tensor<B, 2>) -> Tensor<B, 2>;
-}
-
-impl<B: Backend> ForwardAll<B> for Stack<B> {
-    fn forward_layers_all(&self, input: Tensor<B, 2>) -> Tensor<B, 2> {
-        (0..self.num_layers()).fold(input, |x, i| self.forward_layer(i, x))
-    }
 }
 
 fn max_abs_diff(a: &TensorData, b: &TensorData) -> f32 {

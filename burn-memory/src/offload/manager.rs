@@ -299,10 +299,8 @@ impl<B: DeviceMemory> Inner<B> {
             return Ok(dir);
         }
         let dir = CacheDir::open(self.config.cache_dir.as_deref())?;
-        if let Err(dir) = self.cache.set(dir) {
-            // Another wrap created it meanwhile; the same path, so nothing to remove.
-            drop(dir);
-        }
+        // Another wrap may have set it meanwhile: the same path, so nothing to remove.
+        let _ = self.cache.set(dir);
         Ok(self.cache.get().expect("set above"))
     }
 
@@ -353,11 +351,12 @@ impl<B: DeviceMemory> Inner<B> {
         data: Vec<HostTensor>,
         device: Option<DeviceParams<B>>,
     ) -> Result<(), MemoryError> {
-        let bytes = lock(&self.state).modules[module].bytes;
-        let host_room = {
+        let (bytes, host_room) = {
             let state = lock(&self.state);
-            (state.host_bytes + bytes) as f64
-                <= self.config.host_offload_threshold * self.host_budget as f64
+            let bytes = state.modules[module].bytes;
+            let room = (state.host_bytes + bytes) as f64
+                <= self.config.host_offload_threshold * self.host_budget as f64;
+            (bytes, room)
         };
         let to_host = self.config.host_tier && (host_room || !self.config.disk_tier);
         let result = if to_host {
@@ -553,11 +552,7 @@ impl<B: DeviceMemory> Inner<B> {
         let params = self.fetch(module)?;
         let mut state = lock(&self.state);
         state.admit(module, params, u64::MAX);
-        let thread = std::thread::current().id();
-        if !state.passes.contains_key(&thread) {
-            return Ok(());
-        }
-        state.release_current(thread);
+        state.release_current(std::thread::current().id());
         Ok(())
     }
 

@@ -68,6 +68,17 @@ fn input<B: Backend>(seed: u64, device: &B::Device) -> Tensor<B, 2> {
     Tensor::random([12, WIDTHS[0]], Distribution::Normal(0.0, 1.0), device)
 }
 
+/// The resident stack, an input drawn with `seed` and the stack's output on it.
+fn fixture(
+    seed: u64,
+    device: &burn::tensor::Device<Flex>,
+) -> (Stack<Flex>, Tensor<Flex, 2>, burn::tensor::TensorData) {
+    let resident = Stack::<Flex>::new(&WIDTHS, device);
+    let x = input::<Flex>(seed, device);
+    let expected = resident.forward(x.clone()).into_data();
+    (resident, x, expected)
+}
+
 /// Every module parameter's bytes: (48·96 + 96·80 + 80·96 + 96·64 + 64·16)·4.
 fn weight_bytes() -> u64 {
     WIDTHS.windows(2).map(|w| (w[0] * w[1] * 4) as u64).sum()
@@ -207,9 +218,7 @@ fn every_tier_matches_the_resident_model_on_ndarray() {
 #[test]
 fn a_cache_directory_that_cannot_be_created_or_written_fails_the_wrap_and_returns_the_model() {
     let device = Default::default();
-    let resident = Stack::<Flex>::new(&WIDTHS, &device);
-    let x = input::<Flex>(1, &device);
-    let expected = resident.forward(x.clone()).into_data();
+    let (resident, x, expected) = fixture(1, &device);
     let root = tempfile::tempdir().unwrap();
     let file = root.path().join("a-file");
     fs::write(&file, b"not a directory").unwrap();
@@ -237,9 +246,7 @@ fn a_cache_directory_that_cannot_be_created_or_written_fails_the_wrap_and_return
 #[test]
 fn a_full_disk_cache_keeps_modules_on_the_host_or_fails_the_wrap() {
     let device = Default::default();
-    let resident = Stack::<Flex>::new(&WIDTHS, &device);
-    let x = input::<Flex>(2, &device);
-    let expected = resident.forward(x.clone()).into_data();
+    let (resident, x, expected) = fixture(2, &device);
     let root = tempfile::tempdir().unwrap();
     let largest = (96 * 80 * 4) as u64;
 
@@ -295,9 +302,7 @@ fn a_full_disk_cache_keeps_modules_on_the_host_or_fails_the_wrap() {
 #[test]
 fn damaged_or_deleted_cache_files_are_errors_never_outputs() {
     let device = Default::default();
-    let resident = Stack::<Flex>::new(&WIDTHS, &device);
-    let x = input::<Flex>(3, &device);
-    let expected = resident.forward(x.clone()).into_data();
+    let (resident, x, expected) = fixture(3, &device);
     let root = tempfile::tempdir().unwrap();
     type Damage = fn(&Path);
     let damages: [(&str, Damage); 3] = [
@@ -389,9 +394,7 @@ fn two_threads_at_once_get_the_outputs_of_one() {
 #[test]
 fn selections_pick_types_one_module_or_paths() {
     let device = Default::default();
-    let resident = Stack::<Flex>::new(&WIDTHS, &device);
-    let x = input::<Flex>(4, &device);
-    let expected = resident.forward(x.clone()).into_data();
+    let (resident, x, expected) = fixture(4, &device);
     let root = tempfile::tempdir().unwrap();
     let cases = [
         (Selection::default(), 5, weight_bytes()),
@@ -431,9 +434,7 @@ fn selections_pick_types_one_module_or_paths() {
 #[test]
 fn manual_offload_and_load_move_modules_in_and_out_of_the_device_cache() {
     let device = Default::default();
-    let resident = Stack::<Flex>::new(&WIDTHS, &device);
-    let x = input::<Flex>(5, &device);
-    let expected = resident.forward(x.clone()).into_data();
+    let (resident, x, expected) = fixture(5, &device);
     let root = tempfile::tempdir().unwrap();
     // A monitor that never fires within the test: the budget is far above this process's heap.
     let config = config(root.path()).with_check_interval_ms(60_000);
@@ -597,9 +598,7 @@ fn write_checkpoint(model: &Stack<Flex>, path: &Path, skip: &str, reshape: &str)
 #[test]
 fn a_checkpoint_loads_straight_to_the_tiers_without_running_the_initialisers() {
     let device = Default::default();
-    let resident = Stack::<Flex>::new(&WIDTHS, &device);
-    let x = input::<Flex>(6, &device);
-    let expected = resident.forward(x.clone()).into_data();
+    let (resident, x, expected) = fixture(6, &device);
     let root = tempfile::tempdir().unwrap();
     let path = root.path().join("model.safetensors");
     write_checkpoint(&resident, &path, "", "");
@@ -675,9 +674,7 @@ fn a_checkpoint_loads_straight_to_the_tiers_without_running_the_initialisers() {
 #[test]
 fn a_panicking_call_leaves_the_next_calls_unaffected() {
     let device = Default::default();
-    let resident = Stack::<Flex>::new(&WIDTHS, &device);
-    let x = input::<Flex>(7, &device);
-    let expected = resident.forward(x.clone()).into_data();
+    let (resident, x, expected) = fixture(7, &device);
     let root = tempfile::tempdir().unwrap();
     let manager = OffloadManager::<Flex>::new(config(root.path()), &device).unwrap();
     let model = manager.wrap(resident, &Selection::default()).unwrap();
