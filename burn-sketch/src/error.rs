@@ -85,6 +85,31 @@ pub enum SketchError {
         message: String,
     },
 
+    /// A conversion or search was asked for something the library cannot do (converting a
+    /// layer to a kind it has no construction for).
+    #[error("unsupported: {what}")]
+    Unsupported {
+        /// What was asked.
+        what: String,
+    },
+
+    /// A path or type pattern of a [`Selection`](crate::nn::Selection) picks no layer of the
+    /// model (a typo would otherwise leave the model unchanged).
+    #[error("`{pattern}` picks no layer; the model's layers are: {}", layers.join(", "))]
+    NoMatch {
+        /// The pattern.
+        pattern: String,
+        /// The paths of the model's layers, for the message.
+        layers: Vec<String>,
+    },
+
+    /// A search found no configuration that meets its threshold.
+    #[error("no configuration meets the threshold: {reason}")]
+    NothingPasses {
+        /// What the trials reached, for the message.
+        reason: String,
+    },
+
     /// Reading or writing a file failed.
     #[error("i/o error on {path}: {source}")]
     Io {

@@ -38,6 +38,7 @@
 pub mod backend;
 mod error;
 mod linear;
+pub mod nn;
 pub mod panther;
 
 pub use backend::{KernelStrategy, SketchBackend, SketchWeights};

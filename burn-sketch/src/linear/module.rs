@@ -92,6 +92,26 @@ impl<B: Backend> SkLinear<B> {
         Ok(Self::from_dense_parts(weight, bias, num_terms, low_rank))
     }
 
+    /// The expected relative error `‖Ŵ − W‖_F / ‖W‖_F` of the weight that
+    /// [`from_linear`](Self::from_linear) derives from a dense `W` (root mean square over the
+    /// random sketches): `√((d_input + d_output − 2) / (4·T·k))`.
+    ///
+    /// Why: each sign sketch `U` (`[k, d]`, entries `±1/√k`) has `UᵀU` with ones on the
+    /// diagonal and off-diagonal entries of variance `1/k`, so a term's error `W·(U1ᵀU1 − I)`
+    /// has expected squared norm `‖W‖²·(d_output − 1)/k` (and `(U2U2ᵀ − I)·W` the same with
+    /// `d_input`); the `2T` independent terms are averaged. A converted layer starts this far
+    /// from the dense one (for `d = 512`, `T = 1`, `k = 16`: 4.0), which is why conversion is
+    /// followed by fine-tuning.
+    pub fn expected_relative_error(
+        d_input: usize,
+        d_output: usize,
+        num_terms: usize,
+        low_rank: usize,
+    ) -> f64 {
+        let spread = (d_input + d_output).saturating_sub(2) as f64;
+        (spread / (4.0 * num_terms as f64 * low_rank as f64)).sqrt()
+    }
+
     /// The size of the input features.
     pub fn d_input(&self) -> usize {
         self.s1s.dims()[1]

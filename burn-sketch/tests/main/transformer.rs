@@ -1,0 +1,496 @@
+//! The transformer pieces of `burn_sketch::nn`: attention against a naive reference (outputs
+//! and gradients), causality and padding, Burn's own attention as a reference, blocks, and
+//! converting a trained dense model (bit-exact where untouched, within the sketch's stated
+//! error where sketched, dense checkpoints loaded first).
+
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::attention::{MhaInput, MultiHeadAttentionConfig as BurnMhaConfig};
+use burn::record::{BinFileRecorder, FullPrecisionSettings};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Bool, Distribution, Tensor, TensorData};
+use burn_sketch::nn::{
+    AnyLinear, AnyLinearConfig, Converter, LinearKind, LinearLayer, Mlp, MlpConfig,
+    MultiHeadAttention, MultiHeadAttentionConfig, Selection, TransformerBlock,
+    TransformerBlockConfig,
+};
+use burn_sketch::{SkLinear, SketchBackend, SketchError};
+
+use crate::common::{assert_close, serial};
+
+type F = Flex;
+type AF = Autodiff<Flex>;
+
+/// Attention computed the long way: every head sliced out, scores masked with an explicit
+/// matrix built on the host, softmax as `exp / Σ exp`, heads concatenated.
+fn naive_attention<B: SketchBackend>(
+    mha: &MultiHeadAttention<B>,
+    x: Tensor<B, 3>,
+    pad: Option<&[Vec<bool>]>,
+) -> Tensor<B, 3> {
+    let [batch, seq, d_model] = x.dims();
+    let heads = mha.n_heads;
+    let d_k = d_model / heads;
+    let device = x.device();
+    let project = |layer: &AnyLinear<B>, x: Tensor<B, 3>| layer.forward(x);
+    let (q, k, v) = (
+        project(&mha.query, x.clone()),
+        project(&mha.key, x.clone()),
+        project(&mha.value, x),
+    );
+    let mut outputs = Vec::new();
+    for b in 0..batch {
+        let mut mask = vec![0.0f32; seq * seq];
+        for i in 0..seq {
+            for j in 0..seq {
+                let future = mha.causal && j > i;
+                let padded = pad.is_some_and(|p| p[b][j]);
+                if future || padded {
+                    mask[i * seq + j] = -1.0e4;
+                }
+            }
+        }
+        let mask = Tensor::<B, 2>::from_data(TensorData::new(mask, [seq, seq]), &device);
+        let mut per_head = Vec::new();
+        for h in 0..heads {
+            let cols = h * d_k..(h + 1) * d_k;
+            let slice = |t: &Tensor<B, 3>| {
+                t.clone()
+                    .slice([b..b + 1, 0..seq, cols.clone()])
+                    .reshape([seq, d_k])
+            };
+            let scores = slice(&q)
+                .matmul(slice(&k).transpose())
+                .div_scalar((d_k as f64).sqrt())
+                + mask.clone();
+            let exp = (scores.clone() - scores.max_dim(1)).exp();
+            let weights = exp.clone() / exp.sum_dim(1);
+            per_head.push(weights.matmul(slice(&v)));
+        }
+        outputs.push(Tensor::cat(per_head, 1).reshape([1, seq, d_model]));
+    }
+    mha.output.forward(Tensor::cat(outputs, 0))
+}
+
+fn kinds() -> [LinearKind; 3] {
+    [
+        LinearKind::Dense,
+        LinearKind::Sketched {
+            num_terms: 2,
+            low_rank: 3,
+        },
+        LinearKind::LowRank { rank: 5 },
+    ]
+}
+
+fn attention_matches_naive_reference<B: AutodiffBackend + SketchBackend>(device: &B::Device) {
+    for kind in kinds() {
+        for causal in [false, true] {
+            let mha = MultiHeadAttentionConfig::new(12, 3)
+                .with_causal(causal)
+                .with_projections(kind)
+                .init::<B>(device);
+            let x = Tensor::<B, 3>::random([2, 5, 12], Distribution::Normal(0.0, 1.0), device)
+                .require_grad();
+            let pad = vec![vec![false; 5], vec![false, false, false, true, true]];
+            let mask = Tensor::<B, 2, Bool>::from_data(
+                TensorData::new(pad.concat(), [2, 5]),
+                device,
+            );
+            let what = format!("{kind} causal={causal}");
+            let ours = mha.forward(x.clone(), Some(mask));
+            let reference = naive_attention(&mha, x.clone(), Some(&pad));
+            assert_close(
+                ours.clone().into_data(),
+                reference.clone().into_data(),
+                &format!("attention output, {what}"),
+            );
+            // A weighted sum, so that every output element's gradient differs.
+            let weights = Tensor::<B, 3>::random([2, 5, 12], Distribution::Default, device);
+            let grads = (ours * weights.clone()).sum().backward();
+            let grads_ref = (reference * weights).sum().backward();
+            assert_close(
+                x.grad(&grads).unwrap().into_data(),
+                x.grad(&grads_ref).unwrap().into_data(),
+                &format!("input gradient, {what}"),
+            );
+            let weight_grad = |g: &B::Gradients| match mha.query.layer() {
+                LinearLayer::Dense(l) => l.weight.grad(g).unwrap().into_data(),
+                LinearLayer::Sketched(l) => l.s1s.grad(g).unwrap().into_data(),
+                LinearLayer::LowRank(l) => l.a.grad(g).unwrap().into_data(),
+            };
+            assert_close(
+                weight_grad(&grads),
+                weight_grad(&grads_ref),
+                &format!("query weight gradient, {what}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn attention_matches_naive_reference_flex() {
+    let _serial = serial();
+    attention_matches_naive_reference::<AF>(&Default::default());
+}
+
+#[test]
+fn attention_matches_naive_reference_ndarray() {
+    let _serial = serial();
+    attention_matches_naive_reference::<Autodiff<NdArray>>(&Default::default());
+}
+
+#[test]
+fn causal_attention_ignores_the_future() {
+    let device = Default::default();
+    for kind in kinds() {
+        let mha = MultiHeadAttentionConfig::new(8, 2)
+            .with_causal(true)
+            .with_projections(kind)
+            .init::<F>(&device);
+        let x = Tensor::<F, 3>::random([1, 6, 8], Distribution::Normal(0.0, 1.0), &device);
+        let changed = x.clone().slice_assign(
+            [0..1, 4..6, 0..8],
+            Tensor::random([1, 2, 8], Distribution::Normal(3.0, 1.0), &device),
+        );
+        let (a, b) = (mha.forward(x, None), mha.forward(changed, None));
+        assert_eq!(
+            a.clone().slice([0..1, 0..4, 0..8]).into_data(),
+            b.clone().slice([0..1, 0..4, 0..8]).into_data(),
+            "{kind}: changing positions 4 and 5 moved an earlier output"
+        );
+        let later = (a.slice([0..1, 4..6, 0..8]) - b.slice([0..1, 4..6, 0..8]))
+            .abs()
+            .max()
+            .into_scalar();
+        assert!(later > 1e-3, "{kind}: the changed positions' outputs did not change");
+    }
+}
+
+#[test]
+fn padded_positions_are_not_attended() {
+    let device = Default::default();
+    let mha = MultiHeadAttentionConfig::new(8, 4).init::<F>(&device);
+    let x = Tensor::<F, 3>::random([2, 5, 8], Distribution::Normal(0.0, 1.0), &device);
+    let pad = Tensor::<F, 2, Bool>::from_data(
+        TensorData::new(
+            vec![false, false, false, false, true, false, false, true, true, true],
+            [2, 5],
+        ),
+        &device,
+    );
+    let changed = x.clone().slice_assign(
+        [1..2, 2..5, 0..8],
+        Tensor::random([1, 3, 8], Distribution::Normal(5.0, 1.0), &device),
+    );
+    let (a, b) = (
+        mha.forward(x.clone(), Some(pad.clone())),
+        mha.forward(changed, Some(pad.clone())),
+    );
+    assert_close(
+        a.clone().slice([1..2, 0..2, 0..8]).into_data(),
+        b.slice([1..2, 0..2, 0..8]).into_data(),
+        "outputs of unpadded positions when padded inputs change",
+    );
+    let unmasked = mha.forward(x, None);
+    let moved = (a.slice([1..2, 0..2, 0..8]) - unmasked.slice([1..2, 0..2, 0..8]))
+        .abs()
+        .max()
+        .into_scalar();
+    assert!(moved > 1e-4, "the padding mask had no effect");
+}
+
+#[test]
+fn matches_burns_multi_head_attention() {
+    let device = Default::default();
+    let burn_mha = BurnMhaConfig::new(16, 4).with_dropout(0.0).init::<F>(&device);
+    let ours = MultiHeadAttention::from_burn(&burn_mha, false);
+    let x = Tensor::<F, 3>::random([3, 7, 16], Distribution::Normal(0.0, 1.0), &device);
+    let expected = burn_mha.forward(MhaInput::self_attn(x.clone())).context;
+    assert_close(
+        ours.forward(x, None).into_data(),
+        expected.into_data(),
+        "ours against Burn's MultiHeadAttention",
+    );
+}
+
+#[test]
+fn invalid_heads_are_typed_errors() {
+    let device = Default::default();
+    for heads in [0, 5] {
+        let err = MultiHeadAttentionConfig::new(12, heads)
+            .try_init::<F>(&device)
+            .unwrap_err();
+        assert!(
+            matches!(err, SketchError::InvalidConfig { name: "n_heads", value, .. } if value == heads),
+            "{err}"
+        );
+    }
+    let err = AnyLinearConfig::new(8, 8)
+        .with_kind(LinearKind::Sketched {
+            num_terms: 1,
+            low_rank: 0,
+        })
+        .try_init::<F>(&device)
+        .unwrap_err();
+    assert!(matches!(err, SketchError::InvalidConfig { name: "low_rank", .. }), "{err}");
+}
+
+/// A two-block model: what a user builds from the pieces.
+#[derive(Module, Debug)]
+struct Model<B: Backend> {
+    blocks: Vec<TransformerBlock<B>>,
+    head: AnyLinear<B>,
+}
+
+fn model<B: Backend>(device: &B::Device) -> Model<B> {
+    let block = TransformerBlockConfig::new(32, 4, 64).with_dropout(0.0);
+    Model {
+        blocks: (0..2).map(|_| block.init(device)).collect(),
+        head: AnyLinearConfig::new(32, 10).init(device),
+    }
+}
+
+/// Every float tensor of a module by parameter path (`Param` ids change on conversion).
+struct Tensors {
+    path: Vec<String>,
+    found: Vec<(String, TensorData)>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for Tensors {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.push(name.into());
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.pop();
+    }
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        self.found.push((self.path.join("."), param.val().into_data()));
+    }
+}
+
+fn tensors<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, TensorData)> {
+    let mut visitor = Tensors {
+        path: Vec::new(),
+        found: Vec::new(),
+    };
+    module.visit(&mut visitor);
+    visitor.found
+}
+
+#[test]
+fn conversion_keeps_untouched_layers_bit_exact() {
+    let device = Default::default();
+    let dense = model::<F>(&device);
+    let before = tensors(&dense);
+    let sketched = LinearKind::Sketched {
+        num_terms: 1,
+        low_rank: 4,
+    };
+    let (converted, report) = Converter::new()
+        .rule(Selection::types(["Mlp"]), sketched)
+        .apply(dense)
+        .unwrap();
+    let paths: Vec<&str> = report.layers.iter().map(|l| l.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["blocks.0.mlp.fc1", "blocks.0.mlp.fc2", "blocks.1.mlp.fc1", "blocks.1.mlp.fc2"]
+    );
+    let after = tensors(&converted);
+    let untouched: Vec<_> = before.iter().filter(|(p, _)| !p.contains(".mlp.")).collect();
+    assert!(untouched.len() > 20, "{} untouched tensors", untouched.len());
+    for (path, data) in untouched {
+        let (_, now) = after
+            .iter()
+            .find(|(p, _)| p == path)
+            .unwrap_or_else(|| panic!("{path} is gone"));
+        assert_eq!(now, data, "{path} changed");
+    }
+    for block in &converted.blocks {
+        assert_eq!(block.mlp.fc1.kind(), sketched);
+        assert_eq!(block.attention.query.kind(), LinearKind::Dense);
+    }
+    let listed = Converter::layers::<F, _>(&converted);
+    assert_eq!(listed.len(), 2 * 6 + 1);
+    assert_eq!(
+        listed
+            .iter()
+            .filter(|l| l.kind == sketched)
+            .map(|l| l.trainable)
+            .sum::<usize>(),
+        report.trainable().1
+    );
+    // The display names the kinds.
+    let shown = format!("{converted}");
+    assert!(shown.contains("Sketched") && shown.contains("Dense"), "{shown}");
+}
+
+#[test]
+fn converted_attention_is_within_the_sketch_error() {
+    let _serial = serial();
+    let device = Default::default();
+    F::seed(&device, 7);
+    let dense = MultiHeadAttentionConfig::new(64, 4).init::<F>(&device);
+    let (t, k) = (1, 16);
+    let expected = SkLinear::<F>::expected_relative_error(64, 64, t, k);
+    let (sketched, _) = Converter::new()
+        .rule(
+            Selection::All,
+            LinearKind::Sketched {
+                num_terms: t,
+                low_rank: k,
+            },
+        )
+        .apply(dense.clone())
+        .unwrap();
+    for (name, a, b) in [
+        ("query", &dense.query, &sketched.query),
+        ("key", &dense.key, &sketched.key),
+        ("value", &dense.value, &sketched.value),
+        ("output", &dense.output, &sketched.output),
+    ] {
+        let w = a.to_dense_weight();
+        let error = (b.to_dense_weight() - w.clone()).powf_scalar(2.0).sum().sqrt().into_scalar()
+            / w.powf_scalar(2.0).sum().sqrt().into_scalar();
+        assert!(
+            (error / expected - 1.0).abs() < 0.25,
+            "{name}: relative weight error {error}, stated {expected}"
+        );
+    }
+}
+
+#[test]
+fn bad_conversions_are_typed_errors() {
+    let device = Default::default();
+    let sketched = LinearKind::Sketched {
+        num_terms: 1,
+        low_rank: 4,
+    };
+    let err = Converter::new()
+        .rule(Selection::paths(["blocks.0.mlp.fc3"]), sketched)
+        .apply(model::<F>(&device))
+        .unwrap_err();
+    assert!(
+        matches!(&err, SketchError::NoMatch { pattern, layers } if pattern == "blocks.0.mlp.fc3" && layers.len() == 13),
+        "{err}"
+    );
+    let err = Converter::new()
+        .rule(Selection::types(["Attention"]), sketched)
+        .apply(model::<F>(&device))
+        .unwrap_err();
+    assert!(matches!(err, SketchError::NoMatch { .. }), "{err}");
+    let err = Converter::new()
+        .rule(
+            Selection::All,
+            LinearKind::Sketched {
+                num_terms: 1,
+                low_rank: 0,
+            },
+        )
+        .apply(model::<F>(&device))
+        .unwrap_err();
+    assert!(matches!(err, SketchError::InvalidConfig { name: "low_rank", .. }), "{err}");
+    let err = Converter::new()
+        .rule(Selection::paths(["head"]), LinearKind::LowRank { rank: 2 })
+        .apply(model::<F>(&device))
+        .unwrap_err();
+    assert!(matches!(err, SketchError::Unsupported { .. }), "{err}");
+}
+
+#[test]
+fn a_dense_checkpoint_loads_then_converts() {
+    let device = Default::default();
+    let trained = model::<F>(&device);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dense");
+    trained
+        .clone()
+        .save_file(&file, &BinFileRecorder::<FullPrecisionSettings>::new())
+        .unwrap();
+    // A fresh model with the checkpoint's (dense) layout, its weights loaded, then sketched.
+    let loaded = model::<F>(&device)
+        .load_file(&file, &BinFileRecorder::<FullPrecisionSettings>::new(), &device)
+        .unwrap();
+    assert_eq!(tensors(&loaded), tensors(&trained));
+    let (converted, _) = Converter::new()
+        .rule(
+            Selection::paths(["blocks.*.attention"]),
+            LinearKind::Sketched {
+                num_terms: 2,
+                low_rank: 8,
+            },
+        )
+        .apply(loaded)
+        .unwrap();
+    let x = Tensor::<F, 3>::random([2, 4, 32], Distribution::Default, &device);
+    let run = |m: &Model<F>| {
+        let h = m.blocks.iter().fold(x.clone(), |h, b| b.forward(h, None));
+        m.head.forward(h)
+    };
+    assert_eq!(run(&converted).dims(), [2, 4, 10]);
+    assert_eq!(
+        converted.blocks[1].attention.key.kind(),
+        LinearKind::Sketched {
+            num_terms: 2,
+            low_rank: 8
+        }
+    );
+    assert_eq!(converted.blocks[1].mlp.fc1.kind(), LinearKind::Dense);
+    // The converted model saves and loads as itself.
+    let file = dir.path().join("sketched");
+    converted
+        .clone()
+        .save_file(&file, &BinFileRecorder::<FullPrecisionSettings>::new())
+        .unwrap();
+    let (like, _) = Converter::new()
+        .rule(
+            Selection::paths(["blocks.*.attention"]),
+            LinearKind::Sketched {
+                num_terms: 2,
+                low_rank: 8,
+            },
+        )
+        .apply(model::<F>(&device))
+        .unwrap();
+    let reloaded = like
+        .load_file(&file, &BinFileRecorder::<FullPrecisionSettings>::new(), &device)
+        .unwrap();
+    assert_eq!(run(&reloaded).into_data(), run(&converted).into_data());
+}
+
+#[test]
+fn block_and_mlp_run_every_kind_and_train() {
+    let device = Default::default();
+    for kind in kinds() {
+        let block = TransformerBlockConfig::new(16, 2, 32)
+            .with_attention(kind)
+            .with_mlp(kind)
+            .init::<AF>(&device);
+        let x = Tensor::<AF, 3>::random([2, 3, 16], Distribution::Default, &device);
+        let y = block.forward(x.clone(), None);
+        assert_eq!(y.dims(), [2, 3, 16]);
+        let grads = y.sum().backward();
+        let g = block.norm_attention.gamma.grad(&grads).expect("a gradient");
+        assert!(g.abs().sum().into_scalar() > 0.0, "{kind}");
+        let mlp: Mlp<AF> = MlpConfig::new(16, 8).with_kind(kind).init(&device);
+        assert_eq!(mlp.forward(x).dims(), [2, 3, 16]);
+    }
+}
+
+#[test]
+fn dropout_is_on_in_training_only() {
+    let device = Default::default();
+    let block = TransformerBlockConfig::new(16, 2, 32)
+        .with_dropout(0.5)
+        .init::<AF>(&device);
+    let x = Tensor::<AF, 3>::random([2, 3, 16], Distribution::Default, &device);
+    let (a, b) = (block.forward(x.clone(), None), block.forward(x.clone(), None));
+    let diff = (a - b).abs().max().into_scalar();
+    assert!(diff > 0.0, "two training forwards gave the same output");
+    let inner = burn::module::AutodiffModule::valid(&block);
+    let x = x.inner();
+    assert_eq!(
+        inner.forward(x.clone(), None).into_data(),
+        inner.forward(x, None).into_data()
+    );
+}
