@@ -3,6 +3,7 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod data;
+pub mod lm;
 pub mod mlp;
 pub mod mnist;
 pub mod progress;

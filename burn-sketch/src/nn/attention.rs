@@ -133,7 +133,11 @@ impl<B: SketchBackend> MultiHeadAttention<B> {
     /// - mask_pad: `[batch, seq]`, `true` at padding positions, which no position attends to
     ///   (their own outputs are computed but meaningless)
     /// - output: `[batch, seq, d_model]`
-    pub fn forward(&self, input: Tensor<B, 3>, mask_pad: Option<Tensor<B, 2, Bool>>) -> Tensor<B, 3> {
+    pub fn forward(
+        &self,
+        input: Tensor<B, 3>,
+        mask_pad: Option<Tensor<B, 2, Bool>>,
+    ) -> Tensor<B, 3> {
         let [batch, seq, d_model] = input.dims();
         let heads = |x: Tensor<B, 3>| split_heads(x, self.n_heads);
         let q = heads(self.query.forward(input.clone()));
@@ -143,7 +147,10 @@ impl<B: SketchBackend> MultiHeadAttention<B> {
         let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d_k as f64).sqrt());
         let scores = mask_scores(scores, self.causal, mask_pad);
         let weights = self.dropout.forward(softmax(scores, 3));
-        let context = weights.matmul(v).swap_dims(1, 2).reshape([batch, seq, d_model]);
+        let context = weights
+            .matmul(v)
+            .swap_dims(1, 2)
+            .reshape([batch, seq, d_model]);
         self.output.forward(context)
     }
 }
@@ -151,7 +158,8 @@ impl<B: SketchBackend> MultiHeadAttention<B> {
 /// `[batch, seq, d_model]` to `[batch, heads, seq, d_model / heads]`.
 pub(crate) fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
     let [batch, seq, d_model] = x.dims();
-    x.reshape([batch, seq, heads, d_model / heads]).swap_dims(1, 2)
+    x.reshape([batch, seq, heads, d_model / heads])
+        .swap_dims(1, 2)
 }
 
 /// Scores `[batch, heads, seq, seq]` with future keys (when causal) and padding keys set to
@@ -172,7 +180,9 @@ fn mask_scores<B: Backend>(
         scores = scores.mask_fill(future, MASKED_SCORE);
     }
     if let Some(pad) = mask_pad {
-        let pad = pad.reshape([batch, 1, 1, seq]).expand([batch, heads, seq, seq]);
+        let pad = pad
+            .reshape([batch, 1, 1, seq])
+            .expand([batch, heads, seq, seq]);
         scores = scores.mask_fill(pad, MASKED_SCORE);
     }
     scores

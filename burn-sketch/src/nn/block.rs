@@ -7,7 +7,12 @@ use burn::nn::{Dropout, DropoutConfig, Gelu, LayerNorm, LayerNormConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Tensor};
 
-use super::{AnyLinear, AnyLinearConfig, LinearKind, MultiHeadAttention, MultiHeadAttentionConfig};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    AnyLinear, AnyLinearConfig, FeatureMap, LinearKind, MultiHeadAttention,
+    MultiHeadAttentionConfig, PerformerAttention, PerformerAttentionConfig,
+};
 use crate::{SketchBackend, SketchError};
 
 /// Configuration of an [`Mlp`].
@@ -66,8 +71,52 @@ impl<B: SketchBackend> Mlp<B> {
     /// - input: `[..., d_model]`
     /// - output: `[..., d_model]`
     pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
-        let hidden = self.dropout.forward(self.activation.forward(self.fc1.forward(input)));
+        let hidden = self
+            .dropout
+            .forward(self.activation.forward(self.fc1.forward(input)));
         self.fc2.forward(hidden)
+    }
+}
+
+/// Which attention a [`TransformerBlock`] computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttentionKind {
+    /// Exact softmax attention ([`MultiHeadAttention`]): `O(seq²)` time and memory.
+    #[default]
+    Softmax,
+    /// Performer attention ([`PerformerAttention`]) with `num_features` random features:
+    /// `O(seq · num_features)`.
+    Performer {
+        /// Random features `m`.
+        num_features: usize,
+        /// The feature map.
+        feature_map: FeatureMap,
+    },
+}
+
+/// The attention module of a [`TransformerBlock`].
+#[derive(Module, Debug)]
+pub enum BlockAttention<B: Backend> {
+    /// Softmax attention.
+    Softmax(MultiHeadAttention<B>),
+    /// Performer attention.
+    Performer(PerformerAttention<B>),
+}
+
+impl<B: SketchBackend> BlockAttention<B> {
+    /// # Shapes
+    /// - input: `[batch, seq, d_model]`
+    /// - mask_pad: `[batch, seq]`, `true` at padding positions
+    /// - output: `[batch, seq, d_model]`
+    pub fn forward(
+        &self,
+        input: Tensor<B, 3>,
+        mask_pad: Option<Tensor<B, 2, Bool>>,
+    ) -> Tensor<B, 3> {
+        match self {
+            Self::Softmax(attention) => attention.forward(input, mask_pad),
+            Self::Performer(attention) => attention.forward(input, mask_pad),
+        }
     }
 }
 
@@ -87,9 +136,12 @@ pub struct TransformerBlockConfig {
     /// If the attention is causal (a language model's).
     #[config(default = true)]
     pub causal: bool,
+    /// Softmax attention or its Performer approximation.
+    #[config(default = "AttentionKind::Softmax")]
+    pub attention: AttentionKind,
     /// The kind of the attention's four projections.
     #[config(default = "LinearKind::Dense")]
-    pub attention: LinearKind,
+    pub projections: LinearKind,
     /// The kind of the MLP's two layers.
     #[config(default = "LinearKind::Dense")]
     pub mlp: LinearKind,
@@ -103,11 +155,26 @@ impl TransformerBlockConfig {
     ) -> Result<TransformerBlock<B>, SketchError> {
         Ok(TransformerBlock {
             norm_attention: LayerNormConfig::new(self.d_model).init(device),
-            attention: MultiHeadAttentionConfig::new(self.d_model, self.n_heads)
-                .with_dropout(self.dropout)
-                .with_causal(self.causal)
-                .with_projections(self.attention)
-                .try_init(device)?,
+            attention: match self.attention {
+                AttentionKind::Softmax => BlockAttention::Softmax(
+                    MultiHeadAttentionConfig::new(self.d_model, self.n_heads)
+                        .with_dropout(self.dropout)
+                        .with_causal(self.causal)
+                        .with_projections(self.projections)
+                        .try_init(device)?,
+                ),
+                AttentionKind::Performer {
+                    num_features,
+                    feature_map,
+                } => BlockAttention::Performer(
+                    PerformerAttentionConfig::new(self.d_model, self.n_heads)
+                        .with_num_features(num_features)
+                        .with_feature_map(feature_map)
+                        .with_causal(self.causal)
+                        .with_projections(self.projections)
+                        .try_init(device)?,
+                ),
+            },
             norm_mlp: LayerNormConfig::new(self.d_model).init(device),
             mlp: MlpConfig::new(self.d_model, self.d_ff)
                 .with_dropout(self.dropout)
@@ -138,7 +205,7 @@ pub struct TransformerBlock<B: Backend> {
     /// Layer norm before the attention.
     pub norm_attention: LayerNorm<B>,
     /// Self-attention.
-    pub attention: MultiHeadAttention<B>,
+    pub attention: BlockAttention<B>,
     /// Layer norm before the MLP.
     pub norm_mlp: LayerNorm<B>,
     /// The MLP.
@@ -152,7 +219,11 @@ impl<B: SketchBackend> TransformerBlock<B> {
     /// - input: `[batch, seq, d_model]`
     /// - mask_pad: `[batch, seq]`, `true` at padding positions
     /// - output: `[batch, seq, d_model]`
-    pub fn forward(&self, input: Tensor<B, 3>, mask_pad: Option<Tensor<B, 2, Bool>>) -> Tensor<B, 3> {
+    pub fn forward(
+        &self,
+        input: Tensor<B, 3>,
+        mask_pad: Option<Tensor<B, 2, Bool>>,
+    ) -> Tensor<B, 3> {
         let attended = self
             .attention
             .forward(self.norm_attention.forward(input.clone()), mask_pad);

@@ -222,13 +222,13 @@ impl Converter {
     ) -> Result<(M, ConversionReport), SketchError> {
         let layers = Self::layers::<B, M>(&model);
         for (selection, _) in &self.rules {
-            let hits = layers.iter().fold(
-                vec![false; selection.patterns().len()],
-                |hits, layer| {
-                    let now = selection.matches(&layer.path, &layer.types);
-                    hits.iter().zip(now).map(|(a, b)| *a || b).collect()
-                },
-            );
+            let hits =
+                layers
+                    .iter()
+                    .fold(vec![false; selection.patterns().len()], |hits, layer| {
+                        let now = selection.matches(&layer.path, &layer.types);
+                        hits.iter().zip(now).map(|(a, b)| *a || b).collect()
+                    });
             if let Some(missing) = hits.iter().position(|hit| !hit) {
                 return Err(SketchError::NoMatch {
                     pattern: selection.patterns()[missing].clone(),

@@ -44,7 +44,10 @@ impl LowRankLinearConfig {
     }
 
     /// [`init`](Self::init), or the error naming the first zero size.
-    pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<LowRankLinear<B>, SketchError> {
+    pub fn try_init<B: Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<LowRankLinear<B>, SketchError> {
         for (name, value) in [
             ("d_input", self.d_input),
             ("d_output", self.d_output),

@@ -10,7 +10,7 @@ use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Distribution, Tensor, TensorData};
 use burn_sketch::nn::{
-    AnyLinear, AnyLinearConfig, Converter, LinearKind, LinearLayer, Mlp, MlpConfig,
+    AnyLinear, AnyLinearConfig, BlockAttention, Converter, LinearKind, LinearLayer, Mlp, MlpConfig,
     MultiHeadAttention, MultiHeadAttentionConfig, Selection, TransformerBlock,
     TransformerBlockConfig,
 };
@@ -93,10 +93,8 @@ fn attention_matches_naive_reference<B: AutodiffBackend + SketchBackend>(device:
             let x = Tensor::<B, 3>::random([2, 5, 12], Distribution::Normal(0.0, 1.0), device)
                 .require_grad();
             let pad = vec![vec![false; 5], vec![false, false, false, true, true]];
-            let mask = Tensor::<B, 2, Bool>::from_data(
-                TensorData::new(pad.concat(), [2, 5]),
-                device,
-            );
+            let mask =
+                Tensor::<B, 2, Bool>::from_data(TensorData::new(pad.concat(), [2, 5]), device);
             let what = format!("{kind} causal={causal}");
             let ours = mha.forward(x.clone(), Some(mask));
             let reference = naive_attention(&mha, x.clone(), Some(&pad));
@@ -163,7 +161,10 @@ fn causal_attention_ignores_the_future() {
             .abs()
             .max()
             .into_scalar();
-        assert!(later > 1e-3, "{kind}: the changed positions' outputs did not change");
+        assert!(
+            later > 1e-3,
+            "{kind}: the changed positions' outputs did not change"
+        );
     }
 }
 
@@ -174,7 +175,9 @@ fn padded_positions_are_not_attended() {
     let x = Tensor::<F, 3>::random([2, 5, 8], Distribution::Normal(0.0, 1.0), &device);
     let pad = Tensor::<F, 2, Bool>::from_data(
         TensorData::new(
-            vec![false, false, false, false, true, false, false, true, true, true],
+            vec![
+                false, false, false, false, true, false, false, true, true, true,
+            ],
             [2, 5],
         ),
         &device,
@@ -203,7 +206,9 @@ fn padded_positions_are_not_attended() {
 #[test]
 fn matches_burns_multi_head_attention() {
     let device = Default::default();
-    let burn_mha = BurnMhaConfig::new(16, 4).with_dropout(0.0).init::<F>(&device);
+    let burn_mha = BurnMhaConfig::new(16, 4)
+        .with_dropout(0.0)
+        .init::<F>(&device);
     let ours = MultiHeadAttention::from_burn(&burn_mha, false);
     let x = Tensor::<F, 3>::random([3, 7, 16], Distribution::Normal(0.0, 1.0), &device);
     let expected = burn_mha.forward(MhaInput::self_attn(x.clone())).context;
@@ -233,7 +238,16 @@ fn invalid_heads_are_typed_errors() {
         })
         .try_init::<F>(&device)
         .unwrap_err();
-    assert!(matches!(err, SketchError::InvalidConfig { name: "low_rank", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            SketchError::InvalidConfig {
+                name: "low_rank",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 /// A two-block model: what a user builds from the pieces.
@@ -265,7 +279,8 @@ impl<B: Backend> ModuleVisitor<B> for Tensors {
         self.path.pop();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        self.found.push((self.path.join("."), param.val().into_data()));
+        self.found
+            .push((self.path.join("."), param.val().into_data()));
     }
 }
 
@@ -294,11 +309,23 @@ fn conversion_keeps_untouched_layers_bit_exact() {
     let paths: Vec<&str> = report.layers.iter().map(|l| l.path.as_str()).collect();
     assert_eq!(
         paths,
-        ["blocks.0.mlp.fc1", "blocks.0.mlp.fc2", "blocks.1.mlp.fc1", "blocks.1.mlp.fc2"]
+        [
+            "blocks.0.mlp.fc1",
+            "blocks.0.mlp.fc2",
+            "blocks.1.mlp.fc1",
+            "blocks.1.mlp.fc2"
+        ]
     );
     let after = tensors(&converted);
-    let untouched: Vec<_> = before.iter().filter(|(p, _)| !p.contains(".mlp.")).collect();
-    assert!(untouched.len() > 20, "{} untouched tensors", untouched.len());
+    let untouched: Vec<_> = before
+        .iter()
+        .filter(|(p, _)| !p.contains(".mlp."))
+        .collect();
+    assert!(
+        untouched.len() > 20,
+        "{} untouched tensors",
+        untouched.len()
+    );
     for (path, data) in untouched {
         let (_, now) = after
             .iter()
@@ -308,7 +335,10 @@ fn conversion_keeps_untouched_layers_bit_exact() {
     }
     for block in &converted.blocks {
         assert_eq!(block.mlp.fc1.kind(), sketched);
-        assert_eq!(block.attention.query.kind(), LinearKind::Dense);
+        let BlockAttention::Softmax(attention) = &block.attention else {
+            panic!("softmax attention")
+        };
+        assert_eq!(attention.query.kind(), LinearKind::Dense);
     }
     let listed = Converter::layers::<F, _>(&converted);
     assert_eq!(listed.len(), 2 * 6 + 1);
@@ -322,7 +352,10 @@ fn conversion_keeps_untouched_layers_bit_exact() {
     );
     // The display names the kinds.
     let shown = format!("{converted}");
-    assert!(shown.contains("Sketched") && shown.contains("Dense"), "{shown}");
+    assert!(
+        shown.contains("Sketched") && shown.contains("Dense"),
+        "{shown}"
+    );
 }
 
 #[test]
@@ -350,7 +383,11 @@ fn converted_attention_is_within_the_sketch_error() {
         ("output", &dense.output, &sketched.output),
     ] {
         let w = a.to_dense_weight();
-        let error = (b.to_dense_weight() - w.clone()).powf_scalar(2.0).sum().sqrt().into_scalar()
+        let error = (b.to_dense_weight() - w.clone())
+            .powf_scalar(2.0)
+            .sum()
+            .sqrt()
+            .into_scalar()
             / w.powf_scalar(2.0).sum().sqrt().into_scalar();
         assert!(
             (error / expected - 1.0).abs() < 0.25,
@@ -389,7 +426,16 @@ fn bad_conversions_are_typed_errors() {
         )
         .apply(model::<F>(&device))
         .unwrap_err();
-    assert!(matches!(err, SketchError::InvalidConfig { name: "low_rank", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            SketchError::InvalidConfig {
+                name: "low_rank",
+                ..
+            }
+        ),
+        "{err}"
+    );
     let err = Converter::new()
         .rule(Selection::paths(["head"]), LinearKind::LowRank { rank: 2 })
         .apply(model::<F>(&device))
@@ -409,7 +455,11 @@ fn a_dense_checkpoint_loads_then_converts() {
         .unwrap();
     // A fresh model with the checkpoint's (dense) layout, its weights loaded, then sketched.
     let loaded = model::<F>(&device)
-        .load_file(&file, &BinFileRecorder::<FullPrecisionSettings>::new(), &device)
+        .load_file(
+            &file,
+            &BinFileRecorder::<FullPrecisionSettings>::new(),
+            &device,
+        )
         .unwrap();
     assert_eq!(tensors(&loaded), tensors(&trained));
     let (converted, _) = Converter::new()
@@ -428,8 +478,11 @@ fn a_dense_checkpoint_loads_then_converts() {
         m.head.forward(h)
     };
     assert_eq!(run(&converted).dims(), [2, 4, 10]);
+    let BlockAttention::Softmax(attention) = &converted.blocks[1].attention else {
+        panic!("softmax attention")
+    };
     assert_eq!(
-        converted.blocks[1].attention.key.kind(),
+        attention.key.kind(),
         LinearKind::Sketched {
             num_terms: 2,
             low_rank: 8
@@ -453,7 +506,11 @@ fn a_dense_checkpoint_loads_then_converts() {
         .apply(model::<F>(&device))
         .unwrap();
     let reloaded = like
-        .load_file(&file, &BinFileRecorder::<FullPrecisionSettings>::new(), &device)
+        .load_file(
+            &file,
+            &BinFileRecorder::<FullPrecisionSettings>::new(),
+            &device,
+        )
         .unwrap();
     assert_eq!(run(&reloaded).into_data(), run(&converted).into_data());
 }
@@ -463,7 +520,7 @@ fn block_and_mlp_run_every_kind_and_train() {
     let device = Default::default();
     for kind in kinds() {
         let block = TransformerBlockConfig::new(16, 2, 32)
-            .with_attention(kind)
+            .with_projections(kind)
             .with_mlp(kind)
             .init::<AF>(&device);
         let x = Tensor::<AF, 3>::random([2, 3, 16], Distribution::Default, &device);
@@ -484,7 +541,10 @@ fn dropout_is_on_in_training_only() {
         .with_dropout(0.5)
         .init::<AF>(&device);
     let x = Tensor::<AF, 3>::random([2, 3, 16], Distribution::Default, &device);
-    let (a, b) = (block.forward(x.clone(), None), block.forward(x.clone(), None));
+    let (a, b) = (
+        block.forward(x.clone(), None),
+        block.forward(x.clone(), None),
+    );
     let diff = (a - b).abs().max().into_scalar();
     assert!(diff > 0.0, "two training forwards gave the same output");
     let inner = burn::module::AutodiffModule::valid(&block);

@@ -1,0 +1,946 @@
+//! The language-model study: does sketching a transformer save memory at comparable quality,
+//! at which rank, and does it beat a plain low-rank layer with the same trainable parameters?
+//!
+//! A character-level causal transformer (4 pre-norm blocks, width 128, 4 heads, context 64) on
+//! English text (Debian's `fortunes` package, or `--text PATH`), split deterministically into
+//! train and validation documents. Every arm trains from scratch with the same seeds, batches,
+//! token budget and optimizer (Adam):
+//!
+//! - `dense`: every linear layer of the blocks dense;
+//! - `sketched-k{8,16,32}`: the attention projections and the MLP layers `SkLinear`, `T = 1`;
+//! - `lowrank-r{8,16,32}`: the same layers `x·A·B` with as many trainable parameters as the
+//!   sketched arm of the same number (`r = T·k`);
+//! - `performer-m64`: dense layers, Performer attention (FAVOR+, 64 random features);
+//! - `converted-k16`: the trained dense model sketched (`Converter`, k = 16), evaluated as it
+//!   is, and `converted-k16-ft` after `--finetune-steps` more steps.
+//!
+//! Then, on the dense arm: segment checkpointing with dropout on (gradients against a plain
+//! backward with the same dropout masks, peak and time), bf16 mixed precision, and offloaded
+//! inference (blocks streamed from the disk tier).
+//!
+//! ```text
+//! cargo run --release -p examples --example language_model              # the study (~20 min)
+//! cargo run --release -p examples --example language_model -- --quick   # about a minute
+//! ```
+//!
+//! Outputs under `--out` (default `target/language_model`): `results.md`, `results.csv`,
+//! `curves.png` (validation bits per character against steps, per arm), and `--json PATH`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use burn::backend::Autodiff;
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::Tensor;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn_memory::offload::{OffloadConfig, OffloadManager};
+use burn_memory::{
+    CountingAllocator, DeviceMemory, Layers, MemoryTracker, MixedPrecisionConfig, Precision,
+    SegmentSeeds, Segments, segmented_backward,
+};
+use burn_sketch::SketchBackend;
+use burn_sketch::nn::{AttentionKind, Converter, FeatureMap, LinearKind, Selection};
+use clap::Parser;
+use examples::backend::BackendKind;
+use examples::lm::{
+    Batch, Corpus, FORTUNES_DIR, Positions, TransformerLm, TransformerLmConfig, batch,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+use plotters::prelude::*;
+use serde::Serialize;
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator::system();
+
+#[derive(Debug, Parser, Clone)]
+#[command(about = "Sketched, low-rank and dense transformer language models, measured")]
+struct Args {
+    /// Backend (the study's tables were measured on Flex).
+    #[arg(long, value_enum, default_value = "flex")]
+    backend: BackendKind,
+    /// A UTF-8 text file to train on instead of the `fortunes` package.
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// A one-minute run: one seed, few steps, the k = 16 arms only.
+    #[arg(long)]
+    quick: bool,
+    /// Seeds (every arm trains once per seed).
+    #[arg(long, value_delimiter = ',', default_values_t = [1u64, 2, 3])]
+    seeds: Vec<u64>,
+    /// Training steps per arm (the same token budget for all).
+    #[arg(long, default_value_t = 300)]
+    steps: usize,
+    /// Fine-tuning steps after converting the trained dense model.
+    #[arg(long, default_value_t = 100)]
+    finetune_steps: usize,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Context length.
+    #[arg(long, default_value_t = 64)]
+    context: usize,
+    /// Model width.
+    #[arg(long, default_value_t = 128)]
+    d_model: usize,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 4)]
+    blocks: usize,
+    /// Dropout.
+    #[arg(long, default_value_t = 0.1)]
+    dropout: f64,
+    /// Adam's learning rate.
+    #[arg(long, default_value_t = 2e-3)]
+    lr: f64,
+    /// Validation every this many steps (for the curves).
+    #[arg(long, default_value_t = 50)]
+    eval_every: usize,
+    /// Validation batches (fixed windows, the same for every arm).
+    #[arg(long, default_value_t = 16)]
+    eval_batches: usize,
+    /// Random features of the Performer arm.
+    #[arg(long, default_value_t = 64)]
+    performer_features: usize,
+    /// Only the arms whose name contains this.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Skip the dense arm's extras (segment checkpointing, bf16, offloaded inference).
+    #[arg(long)]
+    no_extras: bool,
+    /// Write every row as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Output directory.
+    #[arg(long, default_value = "target/language_model")]
+    out: PathBuf,
+}
+
+/// One arm of the study: which kind the blocks' linear layers are.
+#[derive(Debug, Clone, Serialize)]
+struct Arm {
+    name: String,
+    attention: AttentionKind,
+    projections: LinearKind,
+    mlp: LinearKind,
+}
+
+fn arms(args: &Args) -> Vec<Arm> {
+    let ranks: &[usize] = if args.quick { &[16] } else { &[8, 16, 32] };
+    let mut arms = vec![Arm {
+        name: "dense".into(),
+        attention: AttentionKind::Softmax,
+        projections: LinearKind::Dense,
+        mlp: LinearKind::Dense,
+    }];
+    for &k in ranks {
+        let kind = LinearKind::Sketched {
+            num_terms: 1,
+            low_rank: k,
+        };
+        arms.push(Arm {
+            name: format!("sketched-k{k}"),
+            attention: AttentionKind::Softmax,
+            projections: kind,
+            mlp: kind,
+        });
+    }
+    for &r in ranks {
+        let kind = LinearKind::LowRank { rank: r };
+        arms.push(Arm {
+            name: format!("lowrank-r{r}"),
+            attention: AttentionKind::Softmax,
+            projections: kind,
+            mlp: kind,
+        });
+    }
+    arms.push(Arm {
+        name: format!("performer-m{}", args.performer_features),
+        attention: AttentionKind::Performer {
+            num_features: args.performer_features,
+            feature_map: FeatureMap::Softmax,
+        },
+        projections: LinearKind::Dense,
+        mlp: LinearKind::Dense,
+    });
+    arms
+}
+
+/// One trained model's measurements.
+#[derive(Debug, Clone, Serialize)]
+struct Run {
+    arm: String,
+    seed: u64,
+    /// Validation bits per character at the end.
+    valid_bpc: f64,
+    /// (step, validation bits per character) during training.
+    curve: Vec<(usize, f64)>,
+    /// Trainable parameters of the whole model, and of the blocks' linear layers.
+    trainable_params: usize,
+    replaced_trainable_params: usize,
+    trainable_bytes: u64,
+    /// Every stored tensor (the fixed sketches included).
+    stored_bytes: u64,
+    /// Adam's two moments per trainable parameter.
+    optimizer_bytes: u64,
+    /// Exact heap peak of a training step above what was held before it (activations,
+    /// gradients, temporaries), and the heap in use before it (model, optimizer state, data).
+    step_peak_bytes: u64,
+    held_bytes: u64,
+    tokens_per_second: f64,
+    train_seconds: f64,
+}
+
+/// A row of the extras (segment checkpointing, mixed precision, offloading).
+#[derive(Debug, Clone, Serialize)]
+struct Extra {
+    what: String,
+    peak_bytes: u64,
+    seconds: f64,
+    baseline_peak_bytes: u64,
+    baseline_seconds: f64,
+    /// Largest relative gradient (or output) difference against the baseline.
+    max_rel_diff: f64,
+    note: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    args: String,
+    runs: &'a [Run],
+    extras: &'a [Extra],
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut args = Args::parse();
+    if args.quick {
+        args.seeds.truncate(1);
+        args.steps = args.steps.min(40);
+        args.finetune_steps = args.finetune_steps.min(10);
+        args.eval_every = 20;
+        args.eval_batches = 4;
+    }
+    let documents = match &args.text {
+        Some(path) => Corpus::read_text(path)?,
+        None => Corpus::read_fortunes(Path::new(FORTUNES_DIR))?,
+    };
+    let corpus = Corpus::split(&documents, 10, 4 * args.context)?;
+    println!(
+        "corpus: {} documents, {} train / {} validation characters",
+        documents.len(),
+        corpus.train.len(),
+        corpus.valid.len()
+    );
+    examples::with_backend!(args.backend, |B| study::<Autodiff<B>>(&args, &corpus))
+}
+
+fn study<B>(args: &Args, corpus: &Corpus) -> anyhow::Result<()>
+where
+    B: AutodiffBackend + SketchBackend + DeviceMemory,
+    B::InnerBackend: SketchBackend + DeviceMemory,
+{
+    let device = B::Device::default();
+    let arms: Vec<Arm> = arms(args)
+        .into_iter()
+        .filter(|a| args.filter.as_deref().is_none_or(|f| a.name.contains(f)))
+        .collect();
+    let converted = args
+        .filter
+        .as_deref()
+        .is_none_or(|f| "converted".contains(f) || "dense".contains(f));
+    let total_steps = args.seeds.len()
+        * (arms.len() * args.steps + if converted { args.finetune_steps } else { 0 });
+    let bar = ProgressBar::new(total_steps as u64).with_style(
+        ProgressStyle::with_template("{elapsed_precise} {bar:30} {pos}/{len} steps {msg}")
+            .expect("a valid template"),
+    );
+    let valid = validation_batches::<B::InnerBackend>(corpus, args, &device);
+    let mut runs = Vec::new();
+    let mut dense_models = Vec::new();
+    for &seed in &args.seeds {
+        for arm in &arms {
+            bar.set_message(format!("{} seed {seed}", arm.name));
+            let config = lm_config(args, arm.attention, arm.projections, arm.mlp);
+            B::seed(&device, seed);
+            let model = draw(config.init::<B>(&device));
+            let (model, run) = train(
+                model, &arm.name, seed, args.steps, corpus, &valid, args, &bar,
+            )?;
+            runs.push(run);
+            if arm.name == "dense" {
+                dense_models.push((seed, model));
+            }
+        }
+    }
+    if converted {
+        for (seed, dense) in &dense_models {
+            let kind = LinearKind::Sketched {
+                num_terms: 1,
+                low_rank: 16,
+            };
+            let (model, report) = Converter::new()
+                .rule(Selection::types(["MultiHeadAttention", "Mlp"]), kind)
+                .apply(dense.clone())?;
+            tracing::info!("converted:\n{report}");
+            let start = valid_bpc(&model.valid(), &valid);
+            let mut as_is = measure(&model, "converted-k16", *seed, args);
+            as_is.valid_bpc = start;
+            as_is.curve = vec![(0, start)];
+            runs.push(as_is);
+            bar.set_message(format!("converted-k16 fine-tuning, seed {seed}"));
+            let (_, mut tuned) = train(
+                model,
+                "converted-k16-ft",
+                *seed,
+                args.finetune_steps,
+                corpus,
+                &valid,
+                args,
+                &bar,
+            )?;
+            tuned.curve.insert(0, (0, start));
+            runs.push(tuned);
+        }
+    }
+    bar.finish_and_clear();
+    let mut extras = Vec::new();
+    if !args.no_extras
+        && let Some((seed, dense)) = dense_models.first()
+    {
+        extras.extend(segment_checkpointing(dense, corpus, args, *seed)?);
+        extras.extend(mixed_precision::<B>(corpus, &valid, args, *seed));
+        extras.extend(offloaded_inference(&dense.valid(), corpus, args)?);
+    }
+    write_outputs(args, &runs, &extras)
+}
+
+fn lm_config(
+    args: &Args,
+    attention: AttentionKind,
+    projections: LinearKind,
+    mlp: LinearKind,
+) -> TransformerLmConfig {
+    TransformerLmConfig::new()
+        .with_context(args.context)
+        .with_d_model(args.d_model)
+        .with_d_ff(4 * args.d_model)
+        .with_n_blocks(args.blocks)
+        .with_dropout(args.dropout)
+        .with_attention(attention)
+        .with_projections(projections)
+        .with_mlp(mlp)
+}
+
+/// The model with every parameter drawn now (Burn's `Linear` draws lazily, on first use, so two
+/// models built after the same seed would otherwise differ).
+fn draw<B: Backend, M: Module<B>>(model: M) -> M {
+    struct Draw;
+    impl<B: Backend> ModuleVisitor<B> for Draw {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let _ = param.val();
+        }
+    }
+    model.visit(&mut Draw);
+    model
+}
+
+fn validation_batches<B: Backend>(
+    corpus: &Corpus,
+    args: &Args,
+    device: &B::Device,
+) -> Vec<Batch<B>> {
+    let mut positions = Positions::new(0xDA7A);
+    (0..args.eval_batches)
+        .map(|_| {
+            let starts = positions.starts(args.batch, corpus.valid.len(), args.context);
+            batch(&corpus.valid, &starts, args.context, device)
+        })
+        .collect()
+}
+
+fn valid_bpc<B: SketchBackend>(model: &TransformerLm<B>, valid: &[Batch<B>]) -> f64 {
+    let total: f64 = valid
+        .iter()
+        .map(|b| model.forward_loss(b).into_scalar().elem::<f64>())
+        .sum();
+    total / valid.len() as f64 / std::f64::consts::LN_2
+}
+
+use burn::tensor::ElementConversion as _;
+
+/// Trainable, stored and optimizer bytes of `model`, and the blocks' replaced layers'
+/// trainable parameters (attention projections and MLP layers).
+fn measure<B: AutodiffBackend>(
+    model: &TransformerLm<B>,
+    arm: &str,
+    seed: u64,
+    _args: &Args,
+) -> Run {
+    struct Count {
+        trainable: usize,
+        stored: usize,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Count {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let n = param.shape().num_elements();
+            self.stored += n;
+            if param.is_require_grad() {
+                self.trainable += n;
+            }
+        }
+    }
+    let mut count = Count {
+        trainable: 0,
+        stored: 0,
+    };
+    model.visit(&mut count);
+    let replaced = Converter::layers::<B, _>(&model.blocks)
+        .iter()
+        .map(|l| l.trainable)
+        .sum();
+    Run {
+        arm: arm.into(),
+        seed,
+        valid_bpc: f64::NAN,
+        curve: Vec::new(),
+        trainable_params: count.trainable,
+        replaced_trainable_params: replaced,
+        trainable_bytes: 4 * count.trainable as u64,
+        stored_bytes: 4 * count.stored as u64,
+        optimizer_bytes: 8 * count.trainable as u64,
+        step_peak_bytes: 0,
+        held_bytes: 0,
+        tokens_per_second: f64::NAN,
+        train_seconds: 0.0,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn train<B>(
+    mut model: TransformerLm<B>,
+    arm: &str,
+    seed: u64,
+    steps: usize,
+    corpus: &Corpus,
+    valid: &[Batch<B::InnerBackend>],
+    args: &Args,
+    bar: &ProgressBar,
+) -> anyhow::Result<(TransformerLm<B>, Run)>
+where
+    B: AutodiffBackend + SketchBackend + DeviceMemory,
+    B::InnerBackend: SketchBackend,
+{
+    let device = model.head.to_dense_weight().device();
+    let mut run = measure(&model, arm, seed, args);
+    let mut optim = AdamConfig::new().init::<B, TransformerLm<B>>();
+    let mut positions = Positions::new(seed);
+    let tracker = MemoryTracker::<B>::new(&device);
+    let mut trained = Duration::ZERO;
+    for step in 0..steps {
+        let starts = positions.starts(args.batch, corpus.train.len(), args.context);
+        let batch = batch::<B>(&corpus.train, &starts, args.context, &device);
+        let start = Instant::now();
+        let step_fn = |model: TransformerLm<B>, optim: &mut _| {
+            let loss = model.forward_loss(&batch);
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let model = Optimizer::step(optim, args.lr, model, grads);
+            B::sync(&device).expect("the device syncs");
+            model
+        };
+        // The second step is the one measured for memory: the optimizer's state exists by then.
+        model = if step == 1 {
+            let ((model, ()), report) = tracker.profile(|| (step_fn(model, &mut optim), ()))?;
+            run.step_peak_bytes = report.peak_increase();
+            run.held_bytes = report.before.in_use;
+            model
+        } else {
+            step_fn(model, &mut optim)
+        };
+        trained += start.elapsed();
+        bar.inc(1);
+        if (step + 1) % args.eval_every == 0 && step + 1 < steps {
+            run.curve.push((step + 1, valid_bpc(&model.valid(), valid)));
+        }
+    }
+    run.valid_bpc = valid_bpc(&model.valid(), valid);
+    run.curve.push((steps, run.valid_bpc));
+    run.train_seconds = trained.as_secs_f64();
+    run.tokens_per_second = (steps * args.batch * args.context) as f64 / run.train_seconds;
+    Ok((model, run))
+}
+
+/// Segment checkpointing on the trained dense model with dropout on: one segment per block,
+/// against a plain backward that draws the same dropout masks.
+fn segment_checkpointing<B>(
+    model: &TransformerLm<B>,
+    corpus: &Corpus,
+    args: &Args,
+    seed: u64,
+) -> anyhow::Result<Vec<Extra>>
+where
+    B: AutodiffBackend + SketchBackend + DeviceMemory,
+{
+    let device = model.head.to_dense_weight().device();
+    let starts = Positions::new(seed + 1000).starts(args.batch, corpus.train.len(), args.context);
+    let data = batch::<B>(&corpus.train, &starts, args.context, &device);
+    let tracker = MemoryTracker::<B>::new(&device);
+    let segments = Segments::Count(model.blocks.len());
+    let repeats = if args.quick { 2 } else { 5 };
+    let plain = |s: u64| {
+        B::seed(&device, s);
+        let embedded = model.embed(data.inputs.clone());
+        // The segmented step's schedule: its first draw gives the seeds, and each segment's
+        // forward starts from its own.
+        let seeds = SegmentSeeds::draw::<B>(&device).expect("the seeds are read");
+        let ranges = segments
+            .ranges(model.blocks.len())
+            .expect("the segments fit the model");
+        let mut hidden = embedded;
+        for (i, range) in ranges.into_iter().enumerate() {
+            B::seed(&device, seeds.segment(i));
+            for index in range {
+                hidden = model.forward_layer(index, hidden);
+            }
+        }
+        let loss = model.loss(hidden, data.targets.clone());
+        let grads = GradientsParams::from_grads(loss.backward(), model);
+        B::sync(&device).expect("the device syncs");
+        grads
+    };
+    let segmented = |s: u64| {
+        B::seed(&device, s);
+        let embedded = model.embed(data.inputs.clone());
+        let step = segmented_backward(model, embedded.clone(), &segments, |h| {
+            model.loss(h, data.targets.clone())
+        })
+        .expect("the segments fit the model");
+        let mut grads = step.grads;
+        if let Some(g) = step.input_grad {
+            let rest = (embedded * Tensor::from_inner(g)).sum().backward();
+            let rest = GradientsParams::from_grads(rest, model);
+            grads = merge(model, grads, rest);
+        }
+        B::sync(&device).expect("the device syncs");
+        grads
+    };
+    let (reference, plain_report) = tracker.profile(|| plain(seed))?;
+    let (checked, seg_report) = tracker.profile(|| segmented(seed))?;
+    let diff = max_rel_diff(model, &reference, &checked);
+    let time = |f: &dyn Fn(u64) -> GradientsParams| {
+        let mut times: Vec<f64> = (0..repeats)
+            .map(|i| {
+                let start = Instant::now();
+                let _ = f(seed + 1 + i as u64);
+                start.elapsed().as_secs_f64()
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        times[times.len() / 2]
+    };
+    let (plain_s, seg_s) = (time(&plain), time(&segmented));
+    Ok(vec![Extra {
+        what: format!(
+            "segment checkpointing, {} segments, dropout {}",
+            model.blocks.len(),
+            args.dropout
+        ),
+        peak_bytes: seg_report.peak_increase(),
+        seconds: seg_s,
+        baseline_peak_bytes: plain_report.peak_increase(),
+        baseline_seconds: plain_s,
+        max_rel_diff: diff,
+        note: "gradients against a plain backward with the same dropout masks".into(),
+    }])
+}
+
+/// `a + b`, parameter by parameter.
+fn merge<B: AutodiffBackend, M: Module<B>>(
+    model: &M,
+    mut a: GradientsParams,
+    mut b: GradientsParams,
+) -> GradientsParams {
+    struct Add<'a, B> {
+        a: &'a mut GradientsParams,
+        b: &'a mut GradientsParams,
+        _b: std::marker::PhantomData<B>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Add<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let x = self.a.remove::<B::InnerBackend, D>(param.id);
+            let y = self.b.remove::<B::InnerBackend, D>(param.id);
+            let sum = match (x, y) {
+                (Some(x), Some(y)) => Some(x + y),
+                (x, y) => x.or(y),
+            };
+            if let Some(sum) = sum {
+                self.a.register(param.id, sum);
+            }
+        }
+    }
+    model.visit(&mut Add {
+        a: &mut a,
+        b: &mut b,
+        _b: std::marker::PhantomData,
+    });
+    a
+}
+
+/// The largest `max|a − b| / max|a|` over the model's parameters.
+fn max_rel_diff<B: AutodiffBackend, M: Module<B>>(
+    model: &M,
+    a: &GradientsParams,
+    b: &GradientsParams,
+) -> f64 {
+    struct Diff<'a, B> {
+        a: &'a GradientsParams,
+        b: &'a GradientsParams,
+        worst: f64,
+        _b: std::marker::PhantomData<B>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Diff<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let (Some(x), Some(y)) = (
+                self.a.get::<B::InnerBackend, D>(param.id),
+                self.b.get::<B::InnerBackend, D>(param.id),
+            ) else {
+                if self.a.get::<B::InnerBackend, D>(param.id).is_some()
+                    != self.b.get::<B::InnerBackend, D>(param.id).is_some()
+                {
+                    self.worst = f64::INFINITY;
+                }
+                return;
+            };
+            let scale = x.clone().abs().max().into_scalar().elem::<f64>();
+            let diff = (x - y).abs().max().into_scalar().elem::<f64>();
+            if scale > 0.0 {
+                self.worst = self.worst.max(diff / scale);
+            }
+        }
+    }
+    let mut diff = Diff {
+        a,
+        b,
+        worst: 0.0,
+        _b: std::marker::PhantomData,
+    };
+    model.visit(&mut diff);
+    diff.worst
+}
+
+/// bf16 mixed precision: the dense arm's training, f32 master weights, bf16 compute.
+fn mixed_precision<B>(
+    corpus: &Corpus,
+    valid: &[Batch<B::InnerBackend>],
+    args: &Args,
+    seed: u64,
+) -> Vec<Extra>
+where
+    B: AutodiffBackend + SketchBackend + DeviceMemory,
+    B::InnerBackend: SketchBackend,
+{
+    let device = B::Device::default();
+    let Ok(mut amp) = MixedPrecisionConfig::new()
+        .with_compute(Precision::Bf16)
+        .init::<B>(&device)
+    else {
+        return vec![Extra {
+            what: "bf16 mixed precision".into(),
+            peak_bytes: 0,
+            seconds: f64::NAN,
+            baseline_peak_bytes: 0,
+            baseline_seconds: f64::NAN,
+            max_rel_diff: f64::NAN,
+            note: "this backend has no bf16".into(),
+        }];
+    };
+    B::seed(&device, seed);
+    let mut model = draw(
+        lm_config(
+            args,
+            AttentionKind::Softmax,
+            LinearKind::Dense,
+            LinearKind::Dense,
+        )
+        .init::<B>(&device),
+    );
+    let mut optim = AdamConfig::new().init::<B, TransformerLm<B>>();
+    let mut positions = Positions::new(seed);
+    let tracker = MemoryTracker::<B>::new(&device);
+    let (mut peak, mut elapsed) = (0, Duration::ZERO);
+    let steps = args.steps.min(100);
+    for step in 0..steps {
+        let starts = positions.starts(args.batch, corpus.train.len(), args.context);
+        let data = batch::<B>(&corpus.train, &starts, args.context, &device);
+        let start = Instant::now();
+        let mut one = |model: TransformerLm<B>, amp: &mut burn_memory::MixedPrecision| {
+            let cast = amp.cast_module(&model);
+            let loss = amp.scale_loss(cast.forward_loss(&data));
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let (model, _) = amp.step(&mut optim, args.lr, model, grads);
+            B::sync(&device).expect("the device syncs");
+            model
+        };
+        model = if step == 1 {
+            let (model, report) = tracker.profile(|| one(model, &mut amp)).expect("profiled");
+            peak = report.peak_increase();
+            model
+        } else {
+            one(model, &mut amp)
+        };
+        elapsed += start.elapsed();
+    }
+    let bpc = valid_bpc(&model.valid(), valid);
+    vec![Extra {
+        what: format!("bf16 mixed precision, dense, {steps} steps"),
+        peak_bytes: peak,
+        seconds: elapsed.as_secs_f64() / steps as f64,
+        baseline_peak_bytes: 0,
+        baseline_seconds: f64::NAN,
+        max_rel_diff: f64::NAN,
+        note: format!(
+            "validation {bpc:.3} bits/char after {steps} steps; {} steps skipped",
+            amp.skipped_steps()
+        ),
+    }]
+}
+
+/// Inference with the blocks streamed one at a time from the disk tier, against the resident
+/// model.
+fn offloaded_inference<B>(
+    model: &TransformerLm<B>,
+    corpus: &Corpus,
+    args: &Args,
+) -> anyhow::Result<Vec<Extra>>
+where
+    B: SketchBackend + DeviceMemory,
+{
+    let device = model.head.to_dense_weight().device();
+    let starts = Positions::new(77).starts(args.batch, corpus.valid.len(), args.context);
+    let data = batch::<B>(&corpus.valid, &starts, args.context, &device);
+    let tracker = MemoryTracker::<B>::new(&device);
+    let resident = |m: &TransformerLm<B>| {
+        let h = m
+            .blocks
+            .iter()
+            .fold(m.embed(data.inputs.clone()), |h, b| b.forward(h, None));
+        let logits = m.head.forward(m.norm.forward(h));
+        B::sync(&device).expect("the device syncs");
+        logits
+    };
+    let start = Instant::now();
+    let (expected, base) = tracker.profile(|| resident(model))?;
+    let base_s = start.elapsed().as_secs_f64();
+    let blocks = model.blocks.clone();
+    let manager = OffloadManager::<B>::new(
+        OffloadConfig::new()
+            .with_host_tier(false)
+            .with_prefetch(false)
+            .with_device_budget_bytes(Some(1 << 30)),
+        &device,
+    )?;
+    let offloaded = manager
+        .wrap(
+            TransformerLm {
+                blocks,
+                ..model.clone()
+            },
+            &burn_memory::offload::Selection::default(),
+        )
+        .map_err(|e| e.error)?;
+    let start = Instant::now();
+    let (logits, report) = tracker.profile(|| -> anyhow::Result<_> {
+        let embedded = offloaded.run(|m| m.embed(data.inputs.clone()))?;
+        let hidden = offloaded.forward_layers(embedded)?;
+        let logits = offloaded.run(|m| m.head.forward(m.norm.forward(hidden)))?;
+        B::sync(&device).expect("the device syncs");
+        Ok(logits)
+    })?;
+    let logits = logits?;
+    let seconds = start.elapsed().as_secs_f64();
+    let scale = expected.clone().abs().max().into_scalar().elem::<f64>();
+    let diff = (expected - logits).abs().max().into_scalar().elem::<f64>() / scale;
+    let summary = manager.summary();
+    manager.cleanup();
+    Ok(vec![Extra {
+        what: "offloaded inference (disk tier, one block on the device at a time)".into(),
+        peak_bytes: report.peak_increase(),
+        seconds,
+        baseline_peak_bytes: base.peak_increase(),
+        baseline_seconds: base_s,
+        max_rel_diff: diff,
+        note: format!("{summary}")
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+    }])
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
+}
+
+fn mean_spread(values: &[f64]) -> (f64, f64) {
+    let mean = values.iter().sum::<f64>() / values.len() as f64;
+    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (mean, hi - lo)
+}
+
+fn write_outputs(args: &Args, runs: &[Run], extras: &[Extra]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let mut names: Vec<&str> = Vec::new();
+    for run in runs {
+        if !names.contains(&run.arm.as_str()) {
+            names.push(&run.arm);
+        }
+    }
+    let dense_bpc = runs
+        .iter()
+        .filter(|r| r.arm == "dense")
+        .map(|r| r.valid_bpc)
+        .collect::<Vec<_>>();
+    let dense_bpc = (!dense_bpc.is_empty()).then(|| mean_spread(&dense_bpc).0);
+    let dense_replaced = runs
+        .iter()
+        .find(|r| r.arm == "dense")
+        .map(|r| r.replaced_trainable_params);
+    let mut table = String::from(
+        "| arm | valid bits/char (mean ± spread) | vs dense | replaced layers' trainable params | trainable MB | stored MB | Adam state MB | held MB | step peak MB | tokens/s |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut csv = String::from(
+        "arm,seed,valid_bpc,trainable_params,replaced_trainable_params,trainable_bytes,stored_bytes,optimizer_bytes,held_bytes,step_peak_bytes,tokens_per_second,train_seconds\n",
+    );
+    for run in runs {
+        csv.push_str(&format!(
+            "{},{},{:.5},{},{},{},{},{},{},{},{:.1},{:.2}\n",
+            run.arm,
+            run.seed,
+            run.valid_bpc,
+            run.trainable_params,
+            run.replaced_trainable_params,
+            run.trainable_bytes,
+            run.stored_bytes,
+            run.optimizer_bytes,
+            run.held_bytes,
+            run.step_peak_bytes,
+            run.tokens_per_second,
+            run.train_seconds
+        ));
+    }
+    for name in &names {
+        let of: Vec<&Run> = runs.iter().filter(|r| r.arm == *name).collect();
+        let (bpc, spread) = mean_spread(&of.iter().map(|r| r.valid_bpc).collect::<Vec<_>>());
+        let first = of[0];
+        let median = |f: &dyn Fn(&Run) -> f64| {
+            let mut v: Vec<f64> = of.iter().map(|r| f(r)).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let versus = dense_bpc.map_or("".into(), |d| format!("{:+.1} %", 100.0 * (bpc / d - 1.0)));
+        let share = dense_replaced.map_or("".into(), |d| {
+            format!(
+                "{} ({:.0} %)",
+                first.replaced_trainable_params,
+                100.0 * first.replaced_trainable_params as f64 / d as f64
+            )
+        });
+        let peak = median(&|r| r.step_peak_bytes as f64);
+        let tps = median(&|r| r.tokens_per_second);
+        table.push_str(&format!(
+            "| {name} | {bpc:.3} ± {spread:.3} | {versus} | {share} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {} |\n",
+            mb(first.trainable_bytes),
+            mb(first.stored_bytes),
+            mb(first.optimizer_bytes),
+            mb(median(&|r| r.held_bytes as f64) as u64),
+            if peak > 0.0 { format!("{:.1}", peak / 1e6) } else { "–".into() },
+            if tps.is_finite() { format!("{tps:.0}") } else { "–".into() },
+        ));
+    }
+    if !extras.is_empty() {
+        table.push_str("\n| extra | peak MB | baseline peak MB | s per step | baseline s | max rel. diff | note |\n|---|---|---|---|---|---|---|\n");
+        for e in extras {
+            table.push_str(&format!(
+                "| {} | {:.1} | {:.1} | {:.3} | {:.3} | {:.1e} | {} |\n",
+                e.what,
+                mb(e.peak_bytes),
+                mb(e.baseline_peak_bytes),
+                e.seconds,
+                e.baseline_seconds,
+                e.max_rel_diff,
+                e.note
+            ));
+        }
+    }
+    println!("\n{table}");
+    std::fs::write(args.out.join("results.md"), &table)?;
+    std::fs::write(args.out.join("results.csv"), csv)?;
+    plot_curves(runs, &names, &args.out.join("curves.png"))?;
+    if let Some(path) = &args.json {
+        let report = Report {
+            args: format!("{args:?}"),
+            runs,
+            extras,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    println!(
+        "wrote {}/results.md, results.csv, curves.png",
+        args.out.display()
+    );
+    Ok(())
+}
+
+fn plot_curves(runs: &[Run], names: &[&str], path: &Path) -> anyhow::Result<()> {
+    burn_memory::register_plot_font();
+    let root = BitMapBackend::new(path, (1000, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let points: Vec<(usize, f64)> = runs.iter().flat_map(|r| r.curve.iter().copied()).collect();
+    let max_step = points.iter().map(|p| p.0).max().unwrap_or(1).max(1);
+    let lo = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    let hi = points.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Validation bits per character (mean over seeds)",
+            ("sans-serif", 22),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0..max_step, (lo - 0.05)..(hi.min(lo + 4.0) + 0.05))?;
+    chart
+        .configure_mesh()
+        .x_desc("training step")
+        .y_desc("bits per character")
+        .draw()?;
+    for (i, name) in names.iter().enumerate() {
+        let of: Vec<&Run> = runs.iter().filter(|r| r.arm == *name).collect();
+        let curve: Vec<(usize, f64)> = of[0]
+            .curve
+            .iter()
+            .enumerate()
+            .map(|(j, &(step, _))| {
+                let values: Vec<f64> = of
+                    .iter()
+                    .filter_map(|r| r.curve.get(j).map(|p| p.1))
+                    .collect();
+                (step, values.iter().sum::<f64>() / values.len() as f64)
+            })
+            .collect();
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(curve, color.stroke_width(2)))?
+            .label(*name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

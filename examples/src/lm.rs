@@ -1,0 +1,316 @@
+//! The language-model study's pieces: an English corpus read as characters, and a small causal
+//! transformer built from burn-sketch's blocks, whose linear layers are dense, sketched or
+//! low-rank by configuration.
+
+use std::path::{Path, PathBuf};
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use burn_memory::Layers;
+use burn_sketch::SketchBackend;
+use burn_sketch::nn::{
+    AnyLinear, AnyLinearConfig, AttentionKind, LinearKind, TransformerBlock, TransformerBlockConfig,
+};
+
+/// Where Debian's `fortunes` package puts its English text.
+pub const FORTUNES_DIR: &str = "/usr/share/games/fortunes";
+
+/// Why a corpus could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CorpusError {
+    /// The default corpus is not installed.
+    #[error(
+        "no corpus at {0}: install it with `apt-get install fortunes` (Debian), or pass \
+         `--text PATH` with any UTF-8 text file"
+    )]
+    Missing(PathBuf),
+    /// Reading a file failed.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The text is too short to train and validate on.
+    #[error("the corpus has {0} characters; at least {1} are needed")]
+    TooShort(usize, usize),
+}
+
+/// A character-level corpus: its vocabulary and the train and validation token streams.
+///
+/// Characters outside printable ASCII (and newline) become one "other" token, so the vocabulary
+/// is small and the same for any English text.
+#[derive(Debug, Clone)]
+pub struct Corpus {
+    /// The train stream.
+    pub train: Vec<u32>,
+    /// The validation stream.
+    pub valid: Vec<u32>,
+}
+
+/// Newline, printable ASCII (95 characters), and one token for everything else.
+pub const VOCAB: usize = 1 + 95 + 1;
+
+fn token(c: char) -> u32 {
+    match c {
+        '\n' => 0,
+        ' '..='~' => 1 + (c as u32 - ' ' as u32),
+        _ => (VOCAB - 1) as u32,
+    }
+}
+
+impl Corpus {
+    /// Reads every text file of the `fortunes` package (the files without an extension,
+    /// in name order), each split into its `%`-separated fortunes.
+    pub fn read_fortunes(dir: &Path) -> Result<Vec<String>, CorpusError> {
+        if !dir.is_dir() {
+            return Err(CorpusError::Missing(dir.to_path_buf()));
+        }
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CorpusError::Io { path, source }
+        };
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(io(dir))?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|path| path.is_file() && path.extension().is_none())
+            .collect();
+        files.sort();
+        let mut documents = Vec::new();
+        for path in files {
+            let bytes = std::fs::read(&path).map_err(io(&path))?;
+            let text = String::from_utf8_lossy(&bytes);
+            documents.extend(
+                text.split("\n%\n")
+                    .map(str::trim)
+                    .filter(|d| !d.is_empty())
+                    .map(|d| format!("{d}\n\n")),
+            );
+        }
+        if documents.is_empty() {
+            return Err(CorpusError::Missing(dir.to_path_buf()));
+        }
+        Ok(documents)
+    }
+
+    /// Reads any text file as documents separated by blank lines.
+    pub fn read_text(path: &Path) -> Result<Vec<String>, CorpusError> {
+        let bytes = std::fs::read(path).map_err(|source| CorpusError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(String::from_utf8_lossy(&bytes)
+            .split("\n\n")
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| format!("{}\n\n", d.trim()))
+            .collect())
+    }
+
+    /// Splits documents deterministically: every `valid_every`-th document (by position) is
+    /// validation, the rest train. Whole documents, so no text is in both.
+    pub fn split(
+        documents: &[String],
+        valid_every: usize,
+        min_chars: usize,
+    ) -> Result<Self, CorpusError> {
+        let (mut train, mut valid) = (Vec::new(), Vec::new());
+        for (i, document) in documents.iter().enumerate() {
+            let into = if i % valid_every == valid_every - 1 {
+                &mut valid
+            } else {
+                &mut train
+            };
+            into.extend(document.chars().map(token));
+        }
+        let short = train.len().min(valid.len());
+        if short < min_chars {
+            return Err(CorpusError::TooShort(short, min_chars));
+        }
+        Ok(Self { train, valid })
+    }
+}
+
+/// A batch of `[batch, context]` windows and their next characters.
+pub struct Batch<B: Backend> {
+    /// Input tokens, `[batch, context]`.
+    pub inputs: Tensor<B, 2, Int>,
+    /// Target tokens (the inputs shifted by one), `[batch, context]`.
+    pub targets: Tensor<B, 2, Int>,
+}
+
+/// Windows of `stream` starting at `starts`, as a batch on `device`.
+pub fn batch<B: Backend>(
+    stream: &[u32],
+    starts: &[usize],
+    context: usize,
+    device: &B::Device,
+) -> Batch<B> {
+    let take = |offset: usize| {
+        let tokens: Vec<i64> = starts
+            .iter()
+            .flat_map(|&s| {
+                stream[s + offset..s + offset + context]
+                    .iter()
+                    .map(|&t| t as i64)
+            })
+            .collect();
+        Tensor::from_data(TensorData::new(tokens, [starts.len(), context]), device)
+    };
+    Batch {
+        inputs: take(0),
+        targets: take(1),
+    }
+}
+
+/// A small deterministic generator for batch positions (splitmix64), so that every arm of the
+/// study with the same seed sees the same batches.
+#[derive(Debug, Clone)]
+pub struct Positions(u64);
+
+impl Positions {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    /// `count` window starts in a stream of `len` tokens for windows of `context + 1`.
+    pub fn starts(&mut self, count: usize, len: usize, context: usize) -> Vec<usize> {
+        (0..count)
+            .map(|_| {
+                self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = self.0;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                z ^= z >> 31;
+                (z % (len - context - 1) as u64) as usize
+            })
+            .collect()
+    }
+}
+
+/// Configuration of a [`TransformerLm`].
+#[derive(Config, Debug)]
+pub struct TransformerLmConfig {
+    /// Vocabulary size.
+    #[config(default = "VOCAB")]
+    pub vocab: usize,
+    /// Context length (learned positions).
+    #[config(default = 128)]
+    pub context: usize,
+    /// Model width.
+    #[config(default = 128)]
+    pub d_model: usize,
+    /// Attention heads.
+    #[config(default = 4)]
+    pub n_heads: usize,
+    /// Transformer blocks.
+    #[config(default = 4)]
+    pub n_blocks: usize,
+    /// MLP hidden width.
+    #[config(default = 512)]
+    pub d_ff: usize,
+    /// Dropout (attention weights, MLP, residual branches, embeddings).
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Softmax or Performer attention.
+    #[config(default = "AttentionKind::Softmax")]
+    pub attention: AttentionKind,
+    /// The kind of the attention projections.
+    #[config(default = "LinearKind::Dense")]
+    pub projections: LinearKind,
+    /// The kind of the MLP layers.
+    #[config(default = "LinearKind::Dense")]
+    pub mlp: LinearKind,
+}
+
+impl TransformerLmConfig {
+    /// Builds the model (parameters drawn now, from the backend's generator).
+    pub fn init<B: Backend>(&self, device: &B::Device) -> TransformerLm<B> {
+        let block = TransformerBlockConfig::new(self.d_model, self.n_heads, self.d_ff)
+            .with_dropout(self.dropout)
+            .with_causal(true)
+            .with_attention(self.attention)
+            .with_projections(self.projections)
+            .with_mlp(self.mlp);
+        TransformerLm {
+            tokens: EmbeddingConfig::new(self.vocab, self.d_model).init(device),
+            positions: EmbeddingConfig::new(self.context, self.d_model).init(device),
+            blocks: (0..self.n_blocks).map(|_| block.init(device)).collect(),
+            norm: LayerNormConfig::new(self.d_model).init(device),
+            head: AnyLinearConfig::new(self.d_model, self.vocab).init(device),
+            dropout: burn::nn::DropoutConfig::new(self.dropout).init(),
+        }
+    }
+}
+
+/// A GPT-style character model: token and position embeddings, pre-norm blocks, a final
+/// layer norm and a dense output head.
+#[derive(Module, Debug)]
+pub struct TransformerLm<B: Backend> {
+    /// Token embeddings.
+    pub tokens: Embedding<B>,
+    /// Learned position embeddings.
+    pub positions: Embedding<B>,
+    /// The blocks.
+    pub blocks: Vec<TransformerBlock<B>>,
+    /// Final layer norm.
+    pub norm: LayerNorm<B>,
+    /// Output head (dense: `d_model × vocab` is small).
+    pub head: AnyLinear<B>,
+    /// Dropout on the embeddings.
+    pub dropout: burn::nn::Dropout,
+}
+
+impl<B: SketchBackend> TransformerLm<B> {
+    /// Token and position embeddings, `[batch, seq, d_model]`.
+    pub fn embed(&self, inputs: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [batch, seq] = inputs.dims();
+        let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &inputs.device())
+            .reshape([1, seq])
+            .expand([batch, seq]);
+        self.dropout
+            .forward(self.tokens.forward(inputs) + self.positions.forward(positions))
+    }
+
+    /// The mean cross-entropy (nats per character) of the head's predictions for `hidden`.
+    pub fn loss(&self, hidden: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+        let [batch, seq, _] = hidden.dims();
+        let logits = self.head.forward(self.norm.forward(hidden));
+        let vocab = logits.dims()[2];
+        CrossEntropyLossConfig::new()
+            .init(&logits.device())
+            .forward(
+                logits.reshape([batch * seq, vocab]),
+                targets.reshape([batch * seq]),
+            )
+    }
+
+    /// The whole model's loss on a batch.
+    pub fn forward_loss(&self, batch: &Batch<B>) -> Tensor<B, 1> {
+        let hidden = self.num_layers_forward(self.embed(batch.inputs.clone()));
+        self.loss(hidden, batch.targets.clone())
+    }
+
+    fn num_layers_forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.blocks
+            .iter()
+            .fold(x, |x, block| block.forward(x, None))
+    }
+}
+
+/// The blocks are the layers that segment checkpointing splits; the embeddings come before
+/// and the head after (in the loss).
+impl<B: SketchBackend> Layers<B, Tensor<B, 3>> for TransformerLm<B> {
+    fn num_layers(&self) -> usize {
+        self.blocks.len()
+    }
+
+    fn forward_layer(&self, index: usize, input: Tensor<B, 3>) -> Tensor<B, 3> {
+        self.blocks[index].forward(input, None)
+    }
+}
