@@ -415,7 +415,7 @@ fn check_scale(name: &'static str, scale: f32) -> Result<(), MemoryError> {
 }
 
 /// Initialises lazily initialised parameters in place.
-struct Materialize;
+pub(crate) struct Materialize;
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for Materialize {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {

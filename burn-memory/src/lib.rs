@@ -8,8 +8,10 @@
 //!   labelled phases, exported as CSV and plotted (PNG or SVG).
 //! - [`Checkpointing`]: selects Burn's autodiff checkpointing strategy for a training job.
 //! - [`segmented_backward`]: segment checkpointing (`checkpoint_sequential`) for any layer
-//!   sequence that implements [`Layers`]: only segment inputs are kept, each segment is
-//!   recomputed in the backward pass.
+//!   sequence that implements [`Layers`]: only segment inputs are kept (a tensor, or a
+//!   [`SegmentState`] such as an activation with its residual stream and mask), each segment is
+//!   recomputed in the backward pass with the first pass's dropout masks ([`SegmentSeeds`]),
+//!   and running statistics are updated once per step.
 //! - [`MixedPrecision`]: half-precision forward with f32 master weights and dynamic loss
 //!   scaling that skips steps with non-finite gradients; [`SharedMixedPrecision`] keeps its
 //!   state in a model, saved with the model's checkpoints.
@@ -83,7 +85,9 @@ pub use heap::CountingAllocator;
 pub use metric::{DeviceMemoryMetric, MemoryQuantity};
 pub use monitor::{MemoryMonitor, Phase, Sample, Timeline, TimelineStats};
 pub use plot::{PlotFormat, register_plot_font};
-pub use segments::{Layers, SegmentedGrads, Segments, segmented_backward};
+pub use segments::{
+    Layers, SegmentSeeds, SegmentState, SegmentedGrads, Segments, segmented_backward,
+};
 pub use tracker::{MemoryReport, MemoryTracker};
 pub use usage::{Bytes, MemoryUsage};
 

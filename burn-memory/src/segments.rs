@@ -3,27 +3,60 @@
 //! activations during the backward pass.
 //!
 //! Burn 0.21's autodiff has whole-graph strategies only ([`Checkpointing`](crate::Checkpointing)):
-//! `BalancedCheckpointing` drops memory-bound activations but keeps every matmul output. Here the
-//! forward pass runs on the inner backend ([`AutodiffModule::valid`]), so no graph is built and
-//! nothing is kept but each segment's input. The backward pass then goes through the segments
-//! last to first: each is run again on the autodiff backend from its saved input, and
-//! `backward` is called on its output against the gradient that flowed into it (the last
-//! segment's output goes through the loss). Its parameters' gradients are collected, its input's
-//! gradient is the next segment's upstream gradient, and its graph is freed before the next
-//! segment runs. Graphs are never nested, so nothing in Burn's autodiff has to change.
+//! `BalancedCheckpointing` drops memory-bound activations but keeps every matmul output. Here a
+//! step has two phases:
+//!
+//! 1. **A first pass without a graph.** The layers run on the training backend, in training
+//!    mode (dropout draws its masks, batch norm normalises with the batch's statistics and
+//!    updates its running ones), on a copy of the model whose parameters track no gradient
+//!    ([`Module::no_grad`](burn::module::Module::no_grad)) and from an untracked input. Burn's autodiff records nothing for
+//!    operations on untracked tensors, so nothing is kept but each segment's input. It cannot
+//!    run on the inner backend ([`AutodiffModule::valid`]): there dropout is off and batch norm
+//!    uses its running statistics, so the saved inputs would not be the training forward's.
+//! 2. **The backward pass, last segment first.** Each segment runs again on the autodiff
+//!    backend from its saved input, and `backward` is called on its output against the
+//!    gradient that flowed into it (the last segment's output goes through the loss, and that
+//!    segment runs only once). Its parameters' gradients are collected, its input's gradient is
+//!    the next segment's upstream gradient, and its graph is freed before the next segment
+//!    runs. Graphs are never nested, so nothing in Burn's autodiff has to change.
+//!
+//! **Random draws.** A recomputed segment must draw the masks its first pass drew. The step
+//! draws its seeds from the backend's own generator ([`SegmentSeeds`]: two integers read to the
+//! host, one device sync per step), seeds the backend with segment `i`'s seed before that
+//! segment's first pass and again before its recompute, and seeds it once more when the step
+//! ends, so that the generator's stream after the step depends on its state before the step,
+//! not on the recomputes. A step is therefore reproducible from a seeded backend. The CPU
+//! backends and CubeCL seed one generator for the whole process: another thread drawing from
+//! the same backend during a step would shift one pass's draws and the masks would differ, so
+//! run one step at a time per process and backend. On fusion backends (`Wgpu`, `Cuda` with
+//! Burn's `fusion` feature) seeding waits for the queued operations: one sync per segment pass.
+//!
+//! **Running statistics** (batch norm's mean and variance, any Burn `RunningState`) are updated
+//! once per step, as by a plain training forward: the first pass's update is kept (with the
+//! last segment's, which runs once), the recompute's is undone. Burn keeps running-state
+//! updates pending per thread until something syncs them, so the step syncs them as
+//! [`AutodiffModule::valid`] does, after the last segment and again after the recomputes, and
+//! then puts back every float entry of the model that takes no gradient as it was after the
+//! first sync. On return the updated statistics are the model's values rather than pending
+//! (a plain forward leaves them pending until `valid()` or a record syncs them). State that a
+//! layer keeps by other means than a float tensor of the module is not restored.
 //!
 //! **The trade-off.** For `L` layers in `S` segments, memory held for backward is the `S`
 //! segment inputs plus one segment's activations (about `L/S` layers' worth) instead of all
-//! `L` layers' activations: with `S = √L`, `O(√L)` instead of `O(L)`. The price is one more
-//! forward pass over every segment but the last (the first forward builds no graph, so it is
-//! also cheaper than a training forward): a step costs about 1 + (S − 1)/S forward passes more.
-//! Gradients are the plain backward's, up to float rounding (the products are the same, the
-//! order of additions may differ).
+//! `L` layers' activations: with `S = √L`, `O(√L)` instead of `O(L)`. The price is that every
+//! segment but the last runs twice: the first pass is a training-mode forward that only skips
+//! the graph's bookkeeping, so a step costs about `(S − 1)/S` of a training forward more than a
+//! plain step. Gradients are the plain backward's with the same random draws, up to float
+//! rounding (the products are the same, the order of additions may differ).
+//!
+//! **State beside the activation.** What flows from layer to layer is any [`SegmentState`]: a
+//! tensor (the usual case, `Layers<B>` for `Tensor<B, 2>`), a tuple (a transformer block's
+//! activation, residual stream and padding mask), or a struct of the model's own.
 //!
 //! ```
 //! use burn::backend::{Autodiff, NdArray};
 //! use burn::module::Module;
-//! use burn::nn::{Linear, LinearConfig};
+//! use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 //! use burn::tensor::activation::relu;
 //! use burn::tensor::backend::Backend;
 //! use burn::tensor::{Distribution, Tensor};
@@ -32,15 +65,17 @@
 //! #[derive(Module, Debug)]
 //! struct Deep<B: Backend> {
 //!     layers: Vec<Linear<B>>,
+//!     dropout: Dropout,
 //! }
 //!
-//! // Written once for every backend, as Burn's `TrainStep` is.
-//! impl<B: Backend> Layers<B, 2> for Deep<B> {
+//! // Written once for every backend, as Burn's `TrainStep` is: `Layers<B>` passes a
+//! // `Tensor<B, 2>` from layer to layer.
+//! impl<B: Backend> Layers<B> for Deep<B> {
 //!     fn num_layers(&self) -> usize {
 //!         self.layers.len()
 //!     }
 //!     fn forward_layer(&self, index: usize, x: Tensor<B, 2>) -> Tensor<B, 2> {
-//!         relu(self.layers[index].forward(x))
+//!         self.dropout.forward(relu(self.layers[index].forward(x)))
 //!     }
 //! }
 //!
@@ -48,33 +83,307 @@
 //! let device = Default::default();
 //! let model = Deep::<A> {
 //!     layers: (0..9).map(|_| LinearConfig::new(16, 16).init(&device)).collect(),
+//!     dropout: DropoutConfig::new(0.1).init(),
 //! };
 //! let x = Tensor::<A, 2>::random([8, 16], Distribution::Default, &device);
-//! let step = segmented_backward(&model, x, &Segments::Sqrt, |out| out.mean()).unwrap();
+//! let step = segmented_backward(&model, x, &Segments::Sqrt, |out| out.mean())?;
 //! assert_eq!(step.grads.len(), 18); // 9 weights and 9 biases
+//! # Ok::<(), burn_memory::MemoryError>(())
 //! ```
 
+use std::collections::HashMap;
 use std::ops::Range;
 
-use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Bool, Distribution, FloatDType, Int, Tensor, TensorPrimitive};
 use serde::{Deserialize, Serialize};
 
-use crate::{MemoryError, MixedPrecision};
+use crate::amp::Materialize;
+use crate::{MemoryError, MixedPrecision, Precision};
 
-/// A sequence of layers that segment checkpointing can split: its layers' forward, one at a
-/// time, for any backend (the training backend and its inner backend run the same code).
+/// A sequence of layers that segment checkpointing can split (and that offloading runs one
+/// layer at a time): its layers' forward, one at a time, for any backend (the training backend
+/// and its inner backend run the same code).
 ///
-/// Layers share the forward signature `Tensor<B, D> -> Tensor<B, D>` (widths may change from
-/// one layer to the next). A "layer" is whatever the model treats as one step: a linear layer
-/// and its activation, a residual block, a normalisation.
-pub trait Layers<B: Backend, const D: usize> {
+/// Every layer maps the state `X` to the next state `X`. By default `X` is `Tensor<B, 2>`
+/// (widths may change from one layer to the next); a model whose layers pass more than one
+/// tensor implements `Layers<B, X>` for a tuple or a struct of its own: `(activation,
+/// residual, mask)` for a transformer block, see [`SegmentState`] for what segment
+/// checkpointing needs of it. A "layer" is whatever the model treats as one step: a linear
+/// layer and its activation, a residual block, a normalisation.
+pub trait Layers<B: Backend, X = Tensor<B, 2>> {
     /// How many layers the sequence has.
     fn num_layers(&self) -> usize;
     /// Runs layer `index` (from 0) on `input`.
-    fn forward_layer(&self, index: usize, input: Tensor<B, D>) -> Tensor<B, D>;
+    fn forward_layer(&self, index: usize, input: X) -> X;
+}
+
+/// What flows from one layer to the next in a [`Layers`] sequence, as segment checkpointing
+/// saves it at segment boundaries and sends gradients back through it.
+///
+/// Float tensors carry gradients; bool and int tensors (masks, positions) pass through and get
+/// none. Implemented for `Tensor<B, D>`, `Tensor<B, D, Bool>`, `Tensor<B, D, Int>` and tuples of
+/// two to four states. A struct of the model's own implements it by delegating each method to
+/// its fields' implementations (call them as `SegmentState::<B>::cast(self.x, dtype)`: the
+/// tensors' inherent methods of the same names do not all mean the same):
+///
+/// ```
+/// use burn::tensor::backend::{AutodiffBackend, Backend};
+/// use burn::tensor::{Bool, FloatDType, Tensor};
+/// use burn_memory::SegmentState;
+///
+/// /// A transformer block's state: the residual stream and its padding mask.
+/// #[derive(Clone, Debug)]
+/// struct Stream<B: Backend> {
+///     residual: Tensor<B, 3>,
+///     mask: Tensor<B, 2, Bool>,
+/// }
+///
+/// impl<B: AutodiffBackend> SegmentState<B> for Stream<B> {
+///     // Only the float part has a gradient.
+///     type Grad = Tensor<B::InnerBackend, 3>;
+///
+///     fn detach(self) -> Self {
+///         Self { residual: SegmentState::<B>::detach(self.residual), ..self }
+///     }
+///     fn set_require_grad(self, require_grad: bool) -> Self {
+///         let residual = SegmentState::<B>::set_require_grad(self.residual, require_grad);
+///         Self { residual, ..self }
+///     }
+///     fn is_require_grad(&self) -> bool {
+///         SegmentState::<B>::is_require_grad(&self.residual)
+///     }
+///     fn device(&self) -> B::Device {
+///         self.residual.device()
+///     }
+///     fn cast(self, dtype: FloatDType) -> Self {
+///         Self { residual: SegmentState::<B>::cast(self.residual, dtype), ..self }
+///     }
+///     fn take_grad(&self, grads: &mut B::Gradients) -> Self::Grad {
+///         self.residual.take_grad(grads)
+///     }
+///     fn dot_grad(self, grad: Self::Grad) -> Option<Tensor<B, 1>> {
+///         self.residual.dot_grad(grad)
+///     }
+/// }
+///
+/// type A = burn::backend::Autodiff<burn::backend::NdArray>;
+/// let device = Default::default();
+/// let stream = Stream::<A> {
+///     residual: Tensor::ones([2, 3, 4], &device).require_grad(),
+///     mask: Tensor::<A, 2>::zeros([2, 3], &device).equal_elem(1.0),
+/// };
+/// assert!(stream.is_require_grad());
+/// let dot = stream.clone().dot_grad(Tensor::ones([2, 3, 4], &device)).unwrap();
+/// assert_eq!(dot.into_scalar(), 24.0);
+/// ```
+pub trait SegmentState<B: AutodiffBackend>: Clone + Sized {
+    /// The gradient of the float parts, on the inner backend: a tensor for a float tensor,
+    /// `()` for a bool or int tensor, a tuple of the parts' gradients for a tuple.
+    type Grad;
+
+    /// Cuts the float parts from any graph, each keeping whether it requires a gradient (what
+    /// Burn's `Tensor::detach` does): the step's input, whose requirement says whether the
+    /// caller wants its gradient.
+    fn detach(self) -> Self;
+
+    /// Cuts the float parts from any graph and makes them leaves that collect a gradient
+    /// (`true`: a recomputed segment's input) or that track nothing (`false`: the first pass,
+    /// which must record no graph).
+    fn set_require_grad(self, require_grad: bool) -> Self;
+
+    /// Whether any float part requires a gradient (is a leaf marked `require_grad`; Burn
+    /// cannot tell a tensor computed from such a leaf apart from an untracked one).
+    fn is_require_grad(&self) -> bool;
+
+    /// The device the state is on: where the step draws its seeds.
+    fn device(&self) -> B::Device;
+
+    /// Casts the float parts to `dtype` for mixed precision, as leaves that keep each part's
+    /// gradient requirement (the gradient is then the cast state's); bool and int parts are
+    /// unchanged.
+    fn cast(self, dtype: FloatDType) -> Self;
+
+    /// Takes the float parts' gradients out of `grads`, zeros for a part that got none (it did
+    /// not reach the output, or required no gradient).
+    fn take_grad(&self, grads: &mut B::Gradients) -> Self::Grad;
+
+    /// `Σ sum(part ⊙ grad)` over the float parts, `None` when there are none: the scalar whose
+    /// backward is the vector-Jacobian product `(∂state/∂θ)ᵀ·grad` that carries `grad` back
+    /// through the layers that computed this state.
+    fn dot_grad(self, grad: Self::Grad) -> Option<Tensor<B, 1>>;
+}
+
+impl<B: AutodiffBackend, const D: usize> SegmentState<B> for Tensor<B, D> {
+    type Grad = Tensor<B::InnerBackend, D>;
+
+    fn detach(self) -> Self {
+        Tensor::detach(self)
+    }
+
+    fn set_require_grad(self, require_grad: bool) -> Self {
+        // Untracking first makes a computed tensor a new leaf, which Burn's `require_grad`
+        // refuses to do in place.
+        let untracked = Tensor::set_require_grad(self, false);
+        if require_grad {
+            untracked.require_grad()
+        } else {
+            untracked
+        }
+    }
+
+    fn is_require_grad(&self) -> bool {
+        Tensor::is_require_grad(self)
+    }
+
+    fn device(&self) -> B::Device {
+        Tensor::device(self)
+    }
+
+    fn cast(self, dtype: FloatDType) -> Self {
+        let require_grad = Tensor::is_require_grad(&self);
+        SegmentState::<B>::set_require_grad(Tensor::<B, D>::cast(self, dtype), require_grad)
+    }
+
+    fn take_grad(&self, grads: &mut B::Gradients) -> Self::Grad {
+        Tensor::grad_remove(self, grads).unwrap_or_else(|| self.clone().inner().zeros_like())
+    }
+
+    fn dot_grad(self, grad: Self::Grad) -> Option<Tensor<B, 1>> {
+        Some((self * Tensor::from_inner(grad)).sum())
+    }
+}
+
+/// Bool and int tensors (masks, positions, token ids) pass through: no gradient.
+macro_rules! pass_through_state {
+    ($kind:ty) => {
+        impl<B: AutodiffBackend, const D: usize> SegmentState<B> for Tensor<B, D, $kind> {
+            type Grad = ();
+
+            fn detach(self) -> Self {
+                self
+            }
+
+            fn set_require_grad(self, _require_grad: bool) -> Self {
+                self
+            }
+
+            fn is_require_grad(&self) -> bool {
+                false
+            }
+
+            fn device(&self) -> B::Device {
+                Tensor::device(self)
+            }
+
+            fn cast(self, _dtype: FloatDType) -> Self {
+                self
+            }
+
+            fn take_grad(&self, _grads: &mut B::Gradients) -> Self::Grad {}
+
+            fn dot_grad(self, _grad: Self::Grad) -> Option<Tensor<B, 1>> {
+                None
+            }
+        }
+    };
+}
+
+pass_through_state!(Bool);
+pass_through_state!(Int);
+
+/// Tuples: each method part by part; the device is the first part's.
+macro_rules! tuple_state {
+    ($($part:ident $index:tt),+) => {
+        impl<B: AutodiffBackend, $($part: SegmentState<B>),+> SegmentState<B> for ($($part,)+) {
+            type Grad = ($($part::Grad,)+);
+
+            fn detach(self) -> Self {
+                ($(self.$index.detach(),)+)
+            }
+
+            fn set_require_grad(self, require_grad: bool) -> Self {
+                ($(self.$index.set_require_grad(require_grad),)+)
+            }
+
+            fn is_require_grad(&self) -> bool {
+                false $(|| self.$index.is_require_grad())+
+            }
+
+            fn device(&self) -> B::Device {
+                self.0.device()
+            }
+
+            fn cast(self, dtype: FloatDType) -> Self {
+                ($(self.$index.cast(dtype),)+)
+            }
+
+            fn take_grad(&self, grads: &mut B::Gradients) -> Self::Grad {
+                ($(self.$index.take_grad(grads),)+)
+            }
+
+            fn dot_grad(self, grad: Self::Grad) -> Option<Tensor<B, 1>> {
+                [$(self.$index.dot_grad(grad.$index)),+]
+                    .into_iter()
+                    .flatten()
+                    .reduce(|total, term| total + term)
+            }
+        }
+    };
+}
+
+tuple_state!(S0 0, S1 1);
+tuple_state!(S0 0, S1 1, S2 2);
+tuple_state!(S0 0, S1 1, S2 2, S3 3);
+
+/// The seeds a segmented step gives the backend's random generator, derived from one draw of
+/// that generator: segment `i` draws from [`segment(i)`](Self::segment) in its first pass and
+/// again in its recompute, and the generator continues from [`after`](Self::after) when the
+/// step ends.
+///
+/// Public so that a step's random draws can be reproduced outside it: seed the backend, call
+/// [`draw`](Self::draw) as the step's first draw would, and seed each segment of a plain
+/// forward with its seed (a reference for the segmented gradients, a replay while debugging).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentSeeds {
+    base: u64,
+}
+
+impl SegmentSeeds {
+    /// Draws the seeds from `B`'s generator on `device`: two integers below 2²⁴ (the range
+    /// every backend's integer `Uniform` draws exactly, CubeCL's through `f32`), read to the
+    /// host, which waits for the device. Fails with [`MemoryError::Backend`] when the read does.
+    pub fn draw<B: Backend>(device: &B::Device) -> Result<Self, MemoryError> {
+        const RANGE: f64 = (1u64 << 24) as f64;
+        let data = Tensor::<B, 1, Int>::random([2], Distribution::Uniform(0.0, RANGE), device)
+            .try_into_data()
+            .map_err(|e| MemoryError::Backend(format!("reading the step's seeds: {e}")))?;
+        let base = data
+            .iter::<i64>()
+            .fold(0u64, |base, part| (base << 24) | (part as u64 & 0xFF_FFFF));
+        Ok(Self { base })
+    }
+
+    /// The seed of segment `index` (from 0).
+    pub fn segment(&self, index: usize) -> u64 {
+        mix(self.base, index as u64)
+    }
+
+    /// The seed the generator continues from after the step.
+    pub fn after(&self) -> u64 {
+        mix(self.base, u64::MAX)
+    }
+}
+
+/// Seed `stream` of `base`: SplitMix64's output function over `base + stream·γ`, a bijection,
+/// so distinct streams of one base get distinct, uncorrelated seeds.
+fn mix(base: u64, stream: u64) -> u64 {
+    let mut z = base.wrapping_add(stream.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// How a sequence of `L` layers is split into segments.
@@ -141,37 +450,51 @@ fn even_starts(layers: usize, count: usize) -> Vec<usize> {
 
 /// What [`segmented_backward`] computed.
 #[derive(Debug)]
-pub struct SegmentedGrads<B: AutodiffBackend, const D: usize> {
+pub struct SegmentedGrads<B: AutodiffBackend, X: SegmentState<B> = Tensor<B, 2>> {
     /// The loss, as `loss` returned it (scaled, if the caller scaled it).
     pub loss: Tensor<B::InnerBackend, 1>,
     /// The gradients of every parameter the layers and the loss use, merged over the segments:
     /// hand them to an optimizer, a `GradientsAccumulator`, or `MixedPrecision::unscale`.
     pub grads: GradientsParams,
-    /// The gradient of the input, when the input required one (it came from layers outside
-    /// the sequence): continue their backward with `(input · input_grad).sum().backward()`.
-    pub input_grad: Option<Tensor<B::InnerBackend, D>>,
+    /// The gradient of the input's float parts, when one of them required a gradient: zeros
+    /// for parts that did not. Burn tells only a leaf marked `require_grad` from an untracked
+    /// tensor, so to continue the backward into layers outside the sequence, pass their output
+    /// `h` as `h.clone().detach().require_grad()` and then call
+    /// `(h · Tensor::from_inner(input_grad)).sum().backward()` on the original `h`.
+    pub input_grad: Option<X::Grad>,
 }
 
 /// One training step's forward and backward pass over `model`'s layers with segment
 /// checkpointing: `loss` maps the last layer's output to the (scalar) loss. Returns the loss and
-/// the merged gradients, equal to `loss(model(input)).backward()`'s.
+/// the merged gradients, equal to `loss(model(input)).backward()`'s with the same random
+/// draws.
+///
+/// A first pass runs the layers in training mode without a graph and keeps each segment's
+/// input; the backward pass then re-runs each segment, last first, from its saved input. Both
+/// passes of a segment draw from the same seed ([`SegmentSeeds`]: the step reads two integers
+/// from the device, and another thread drawing from the same backend during the step would
+/// break the match), so dropout masks are the same. Running statistics (batch norm) are
+/// updated once, by the first pass; the recompute's update is undone, and the step leaves them
+/// synced in the model. A step costs about `(S − 1)/S` of a training forward more than a plain
+/// one for `S` segments.
 ///
 /// `loss` runs inside the last segment's graph: parameters it uses (a head outside the
 /// sequence, captured by the closure) get their gradients too, as long as they belong to
 /// `model`. Fails with [`MemoryError::Invalid`] when `segments` does not fit the model's layer
-/// count (see [`Segments::ranges`]).
-pub fn segmented_backward<B, M, const D: usize>(
+/// count (see [`Segments::ranges`]), and with [`MemoryError::Backend`] when the step's seeds
+/// cannot be read from the device; both before any layer runs.
+pub fn segmented_backward<B, M, X>(
     model: &M,
-    input: Tensor<B, D>,
+    input: X,
     segments: &Segments,
-    loss: impl FnOnce(Tensor<B, D>) -> Tensor<B, 1>,
-) -> Result<SegmentedGrads<B, D>, MemoryError>
+    loss: impl FnOnce(X) -> Tensor<B, 1>,
+) -> Result<SegmentedGrads<B, X>, MemoryError>
 where
     B: AutodiffBackend,
-    M: AutodiffModule<B> + Layers<B, D>,
-    M::InnerModule: Layers<B::InnerBackend, D>,
+    M: AutodiffModule<B> + Layers<B, X>,
+    X: SegmentState<B>,
 {
-    run_segments(model, model, input, segments, loss)
+    run_segments(model, model, input, None, segments, loss)
 }
 
 impl MixedPrecision {
@@ -180,83 +503,115 @@ impl MixedPrecision {
     /// in the compute type and returns the loss, which is scaled before the backward pass.
     /// The returned gradients are the *scaled* gradients of `model`'s f32 parameters: pass
     /// them to [`unscale`](Self::unscale) or [`step`](Self::step), as with a plain backward.
-    pub fn segmented_backward<B, M, const D: usize>(
+    /// The input's gradient, if any, is the cast input's, in the compute type.
+    pub fn segmented_backward<B, M, X>(
         &self,
         model: &M,
-        input: Tensor<B, D>,
+        input: X,
         segments: &Segments,
-        loss: impl FnOnce(Tensor<B, D>) -> Tensor<B, 1>,
-    ) -> Result<SegmentedGrads<B, D>, MemoryError>
+        loss: impl FnOnce(X) -> Tensor<B, 1>,
+    ) -> Result<SegmentedGrads<B, X>, MemoryError>
     where
         B: AutodiffBackend,
-        M: AutodiffModule<B> + Layers<B, D>,
-        M::InnerModule: Layers<B::InnerBackend, D>,
+        M: AutodiffModule<B> + Layers<B, X>,
+        X: SegmentState<B>,
     {
         let cast = self.cast_module(model);
-        run_segments(&cast, model, self.cast_input(input), segments, |out| {
+        let dtype = match self.precision() {
+            Precision::F32 => None,
+            half => Some(half.dtype().into()),
+        };
+        run_segments(&cast, model, input, dtype, segments, |out| {
             self.scale_loss(loss(out))
         })
     }
 }
 
 /// Runs the layers of `forward` segment by segment and collects the gradients of `params`'
-/// parameters: the same model, or the f32 model whose cast copy `forward` is.
-fn run_segments<B, M, const D: usize>(
+/// parameters: the same model, or the f32 model whose cast copy `forward` is (then `cast` is
+/// the compute type the input is cast to).
+fn run_segments<B, M, X>(
     forward: &M,
     params: &M,
-    input: Tensor<B, D>,
+    input: X,
+    cast: Option<FloatDType>,
     segments: &Segments,
-    loss: impl FnOnce(Tensor<B, D>) -> Tensor<B, 1>,
-) -> Result<SegmentedGrads<B, D>, MemoryError>
+    loss: impl FnOnce(X) -> Tensor<B, 1>,
+) -> Result<SegmentedGrads<B, X>, MemoryError>
 where
     B: AutodiffBackend,
-    M: AutodiffModule<B> + Layers<B, D>,
-    M::InnerModule: Layers<B::InnerBackend, D>,
+    M: AutodiffModule<B> + Layers<B, X>,
+    X: SegmentState<B>,
 {
     let ranges = segments.ranges(forward.num_layers())?;
+    let last = ranges.len() - 1;
+    // Cut from the caller's graph: the step's gradients stop at its input.
+    let input = match cast {
+        Some(dtype) => input.cast(dtype),
+        None => input.detach(),
+    };
     let input_wants_grad = input.is_require_grad();
+    let device = input.device();
+    // Before any layer runs, so that the step's first draw is the seeds' (and lazy parameters
+    // are initialised once, in `forward`: a clone would initialise its own values).
+    let seeds = SegmentSeeds::draw::<B>(&device)?;
+    forward.visit(&mut Materialize);
+    tracing::trace!(segments = ranges.len(), ?seeds, "segmented step");
 
-    // Forward without a graph: keep each segment's input, nothing else.
-    let inner = forward.valid();
-    let mut saved = Vec::with_capacity(ranges.len());
-    let mut x = input.inner();
-    for range in &ranges {
-        saved.push(x.clone());
-        if range.end == forward.num_layers() {
-            break;
-        }
-        for index in range.clone() {
-            x = inner.forward_layer(index, x);
+    // The first pass: training mode, no graph; keeps the inputs of segments 1..=last.
+    let mut saved = Vec::with_capacity(last);
+    if last > 0 {
+        let untracked = forward.clone().no_grad();
+        let mut x = input.clone().set_require_grad(false);
+        for (segment, range) in ranges[..last].iter().enumerate() {
+            B::seed(&device, seeds.segment(segment));
+            for index in range.clone() {
+                x = untracked.forward_layer(index, x);
+            }
+            saved.push(x.clone());
         }
     }
-    drop((x, inner));
 
     let mut grads = GradientsParams::new();
-    let mut upstream: Option<Tensor<B::InnerBackend, D>> = None;
+    let mut upstream: Option<X::Grad> = None;
     let mut loss = Some(loss);
     let mut loss_value = None;
-    for (segment, (range, input)) in ranges.iter().zip(saved).enumerate().rev() {
-        let wants_grad = segment > 0 || input_wants_grad;
-        let x = Tensor::<B, D>::from_inner(input);
-        let x = if wants_grad { x.require_grad() } else { x };
+    let mut running = None;
+    for (segment, range) in ranges.iter().enumerate().rev() {
+        let (x, wants_grad) = match saved.pop() {
+            Some(saved) => (saved.set_require_grad(true), true),
+            None => (input.clone(), input_wants_grad),
+        };
+        B::seed(&device, seeds.segment(segment));
         let mut out = x.clone();
         for index in range.clone() {
             out = forward.forward_layer(index, out);
         }
         let mut graph = match upstream.take() {
-            // The vector-Jacobian product: d(sum(out ⊙ g))/dθ = (∂out/∂θ)ᵀ·g.
-            Some(g) => (out * Tensor::from_inner(g)).sum().backward(),
+            Some(g) => {
+                // The vector-Jacobian product: d(sum(out ⊙ g))/dθ = (∂out/∂θ)ᵀ·g. The zero
+                // leaf keeps the root tracked when nothing in this segment is (no parameters
+                // and an input without a gradient): Burn's backward needs a graph to start.
+                let term = out.dot_grad(g);
+                let anchor = match &term {
+                    Some(term) => term.zeros_like(),
+                    None => Tensor::zeros([1], &device),
+                }
+                .require_grad();
+                term.map_or(anchor.clone(), |term| term + anchor).backward()
+            }
             None => {
                 let value = (loss.take().expect("the last segment runs first"))(out);
                 loss_value = Some(value.clone().inner());
+                if last > 0 {
+                    // Every update that runs once (the first pass and the last segment) is in.
+                    running = Some(RunningStates::after_sync(forward));
+                }
                 value.backward()
             }
         };
         if wants_grad {
-            upstream = Some(
-                x.grad_remove(&mut graph)
-                    .unwrap_or_else(|| x.clone().inner().zeros_like()),
-            );
+            upstream = Some(x.take_grad(&mut graph));
         }
         let segment_grads = GradientsParams::from_grads(graph, params);
         params.visit(&mut Merge::<B> {
@@ -265,11 +620,62 @@ where
             _backend: std::marker::PhantomData,
         });
     }
+    B::seed(&device, seeds.after());
+    if let Some(running) = running {
+        running.restore(forward);
+    }
     Ok(SegmentedGrads {
         loss: loss_value.expect("the loss ran"),
         grads,
         input_grad: upstream.filter(|_| input_wants_grad),
     })
+}
+
+/// The model's float entries that take no gradient (running statistics, frozen parameters) as
+/// they were once the step's single updates were synced, to undo the recompute's.
+struct RunningStates<B: Backend> {
+    values: HashMap<ParamId, TensorPrimitive<B>>,
+}
+
+impl<B: AutodiffBackend> RunningStates<B> {
+    /// Syncs the pending running-state updates (`valid` is Burn's public way to, and is cheap:
+    /// it copies tensor handles) and keeps the values.
+    fn after_sync<M: AutodiffModule<B>>(model: &M) -> Self {
+        drop(model.valid());
+        let mut states = Self {
+            values: HashMap::new(),
+        };
+        model.visit(&mut states);
+        states
+    }
+
+    /// Syncs the recompute's updates, then writes the kept values back. Running states share
+    /// their values between a module and its clones, so mapping a clone writes the model's.
+    fn restore<M: AutodiffModule<B>>(mut self, model: &M) {
+        drop(model.valid());
+        drop(model.clone().map(&mut self));
+    }
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for RunningStates<B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let value = param.val();
+        if !value.is_require_grad() {
+            self.values.insert(param.id, value.into_primitive());
+        }
+    }
+}
+
+impl<B: AutodiffBackend> ModuleMapper<B> for RunningStates<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        match self.values.get(&param.id) {
+            Some(value) => {
+                let (id, _, mapper) = param.consume();
+                Param::from_mapped_value(id, Tensor::from_primitive(value.clone()), mapper)
+            }
+            None => param,
+        }
+    }
 }
 
 /// Moves each parameter's gradient from one segment's set into the step's, adding it to what

@@ -125,7 +125,7 @@ impl<B: Backend> Deep<B> {
     }
 }
 
-impl<B: SketchBackend> Layers<B, 2> for Deep<B> {
+impl<B: SketchBackend> Layers<B> for Deep<B> {
     fn num_layers(&self) -> usize {
         self.sketched.len() + self.dense.len()
     }

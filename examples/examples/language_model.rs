@@ -37,15 +37,14 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_memory::offload::{OffloadConfig, OffloadManager};
 use burn_memory::{
-    CountingAllocator, DeviceMemory, Layers, MemoryTracker, MixedPrecisionConfig, Precision,
-    SegmentSeeds, Segments, segmented_backward,
+    CountingAllocator, DeviceMemory, MemoryTracker, MixedPrecisionConfig, Precision, Segments,
 };
 use burn_sketch::SketchBackend;
 use burn_sketch::nn::{AttentionKind, Converter, FeatureMap, LinearKind, Selection};
 use clap::Parser;
 use examples::backend::BackendKind;
 use examples::lm::{
-    Batch, Corpus, FORTUNES_DIR, Positions, TransformerLm, TransformerLmConfig, batch,
+    Batch, Corpus, FORTUNES_DIR, Positions, TransformerLm, TransformerLmConfig, batch, max_rel_diff,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use plotters::prelude::*;
@@ -488,38 +487,17 @@ where
     let repeats = if args.quick { 2 } else { 5 };
     let plain = |s: u64| {
         B::seed(&device, s);
-        let embedded = model.embed(data.inputs.clone());
-        // The segmented step's schedule: its first draw gives the seeds, and each segment's
-        // forward starts from its own.
-        let seeds = SegmentSeeds::draw::<B>(&device).expect("the seeds are read");
-        let ranges = segments
-            .ranges(model.blocks.len())
+        let grads = model
+            .replayed_grads(&data, &segments)
             .expect("the segments fit the model");
-        let mut hidden = embedded;
-        for (i, range) in ranges.into_iter().enumerate() {
-            B::seed(&device, seeds.segment(i));
-            for index in range {
-                hidden = model.forward_layer(index, hidden);
-            }
-        }
-        let loss = model.loss(hidden, data.targets.clone());
-        let grads = GradientsParams::from_grads(loss.backward(), model);
         B::sync(&device).expect("the device syncs");
         grads
     };
     let segmented = |s: u64| {
         B::seed(&device, s);
-        let embedded = model.embed(data.inputs.clone());
-        let step = segmented_backward(model, embedded.clone(), &segments, |h| {
-            model.loss(h, data.targets.clone())
-        })
-        .expect("the segments fit the model");
-        let mut grads = step.grads;
-        if let Some(g) = step.input_grad {
-            let rest = (embedded * Tensor::from_inner(g)).sum().backward();
-            let rest = GradientsParams::from_grads(rest, model);
-            grads = merge(model, grads, rest);
-        }
+        let grads = model
+            .segmented_grads(&data, &segments)
+            .expect("the segments fit the model");
         B::sync(&device).expect("the device syncs");
         grads
     };
@@ -551,80 +529,6 @@ where
         max_rel_diff: diff,
         note: "gradients against a plain backward with the same dropout masks".into(),
     }])
-}
-
-/// `a + b`, parameter by parameter.
-fn merge<B: AutodiffBackend, M: Module<B>>(
-    model: &M,
-    mut a: GradientsParams,
-    mut b: GradientsParams,
-) -> GradientsParams {
-    struct Add<'a, B> {
-        a: &'a mut GradientsParams,
-        b: &'a mut GradientsParams,
-        _b: std::marker::PhantomData<B>,
-    }
-    impl<B: AutodiffBackend> ModuleVisitor<B> for Add<'_, B> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let x = self.a.remove::<B::InnerBackend, D>(param.id);
-            let y = self.b.remove::<B::InnerBackend, D>(param.id);
-            let sum = match (x, y) {
-                (Some(x), Some(y)) => Some(x + y),
-                (x, y) => x.or(y),
-            };
-            if let Some(sum) = sum {
-                self.a.register(param.id, sum);
-            }
-        }
-    }
-    model.visit(&mut Add {
-        a: &mut a,
-        b: &mut b,
-        _b: std::marker::PhantomData,
-    });
-    a
-}
-
-/// The largest `max|a − b| / max|a|` over the model's parameters.
-fn max_rel_diff<B: AutodiffBackend, M: Module<B>>(
-    model: &M,
-    a: &GradientsParams,
-    b: &GradientsParams,
-) -> f64 {
-    struct Diff<'a, B> {
-        a: &'a GradientsParams,
-        b: &'a GradientsParams,
-        worst: f64,
-        _b: std::marker::PhantomData<B>,
-    }
-    impl<B: AutodiffBackend> ModuleVisitor<B> for Diff<'_, B> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let (Some(x), Some(y)) = (
-                self.a.get::<B::InnerBackend, D>(param.id),
-                self.b.get::<B::InnerBackend, D>(param.id),
-            ) else {
-                if self.a.get::<B::InnerBackend, D>(param.id).is_some()
-                    != self.b.get::<B::InnerBackend, D>(param.id).is_some()
-                {
-                    self.worst = f64::INFINITY;
-                }
-                return;
-            };
-            let scale = x.clone().abs().max().into_scalar().elem::<f64>();
-            let diff = (x - y).abs().max().into_scalar().elem::<f64>();
-            if scale > 0.0 {
-                self.worst = self.worst.max(diff / scale);
-            }
-        }
-    }
-    let mut diff = Diff {
-        a,
-        b,
-        worst: 0.0,
-        _b: std::marker::PhantomData,
-    };
-    model.visit(&mut diff);
-    diff.worst
 }
 
 /// bf16 mixed precision: the dense arm's training, f32 master weights, bf16 compute.

@@ -5,12 +5,15 @@
 use std::path::{Path, PathBuf};
 
 use burn::config::Config;
-use burn::module::Module;
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig};
+use burn::optim::GradientsParams;
+use burn::tensor::ElementConversion;
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_memory::Layers;
+use burn_memory::{Layers, MemoryError, SegmentSeeds, Segments, segmented_backward};
 use burn_sketch::SketchBackend;
 use burn_sketch::nn::{
     AnyLinear, AnyLinearConfig, AttentionKind, LinearKind, TransformerBlock, TransformerBlockConfig,
@@ -313,4 +316,124 @@ impl<B: SketchBackend> Layers<B, Tensor<B, 3>> for TransformerLm<B> {
     fn forward_layer(&self, index: usize, input: Tensor<B, 3>) -> Tensor<B, 3> {
         self.blocks[index].forward(input, None)
     }
+}
+
+impl<B: AutodiffBackend + SketchBackend> TransformerLm<B> {
+    /// A training step's gradients with segment checkpointing over the blocks (burn-memory's
+    /// `segmented_backward`): the embeddings' graph is kept, the blocks' activations are
+    /// recomputed segment by segment, the head runs in the last segment's loss.
+    pub fn segmented_grads(
+        &self,
+        batch: &Batch<B>,
+        segments: &Segments,
+    ) -> Result<GradientsParams, MemoryError> {
+        let embedded = self.embed(batch.inputs.clone());
+        let step = segmented_backward(self, embedded.clone(), segments, |hidden| {
+            self.loss(hidden, batch.targets.clone())
+        })?;
+        let mut grads = step.grads;
+        if let Some(upstream) = step.input_grad {
+            // The embeddings' share: their output's gradient is the first segment's input's.
+            let rest = (embedded * Tensor::from_inner(upstream)).sum().backward();
+            grads = merge(self, grads, GradientsParams::from_grads(rest, self));
+        }
+        Ok(grads)
+    }
+
+    /// The plain backward (one graph over the whole model) that draws the dropout masks
+    /// [`segmented_grads`](Self::segmented_grads) draws when the backend's generator is in the
+    /// same state: the same first draw gives the segment seeds, and each segment's blocks run
+    /// after seeding with its own.
+    pub fn replayed_grads(
+        &self,
+        batch: &Batch<B>,
+        segments: &Segments,
+    ) -> Result<GradientsParams, MemoryError> {
+        let device = batch.inputs.device();
+        let mut hidden = self.embed(batch.inputs.clone());
+        let seeds = SegmentSeeds::draw::<B>(&device)?;
+        for (i, range) in segments.ranges(self.blocks.len())?.into_iter().enumerate() {
+            B::seed(&device, seeds.segment(i));
+            for index in range {
+                hidden = self.forward_layer(index, hidden);
+            }
+        }
+        B::seed(&device, seeds.after());
+        let loss = self.loss(hidden, batch.targets.clone());
+        Ok(GradientsParams::from_grads(loss.backward(), self))
+    }
+}
+
+/// `a + b`, parameter by parameter.
+pub fn merge<B: AutodiffBackend, M: Module<B>>(
+    model: &M,
+    mut a: GradientsParams,
+    mut b: GradientsParams,
+) -> GradientsParams {
+    struct Add<'a, B> {
+        a: &'a mut GradientsParams,
+        b: &'a mut GradientsParams,
+        _b: std::marker::PhantomData<B>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Add<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let x = self.a.remove::<B::InnerBackend, D>(param.id);
+            let y = self.b.remove::<B::InnerBackend, D>(param.id);
+            let sum = match (x, y) {
+                (Some(x), Some(y)) => Some(x + y),
+                (x, y) => x.or(y),
+            };
+            if let Some(sum) = sum {
+                self.a.register(param.id, sum);
+            }
+        }
+    }
+    model.visit(&mut Add {
+        a: &mut a,
+        b: &mut b,
+        _b: std::marker::PhantomData,
+    });
+    a
+}
+
+/// The largest `max|a − b| / max|a|` over the model's parameters.
+pub fn max_rel_diff<B: AutodiffBackend, M: Module<B>>(
+    model: &M,
+    a: &GradientsParams,
+    b: &GradientsParams,
+) -> f64 {
+    struct Diff<'a, B> {
+        a: &'a GradientsParams,
+        b: &'a GradientsParams,
+        worst: f64,
+        _b: std::marker::PhantomData<B>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Diff<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let (Some(x), Some(y)) = (
+                self.a.get::<B::InnerBackend, D>(param.id),
+                self.b.get::<B::InnerBackend, D>(param.id),
+            ) else {
+                if self.a.get::<B::InnerBackend, D>(param.id).is_some()
+                    != self.b.get::<B::InnerBackend, D>(param.id).is_some()
+                {
+                    self.worst = f64::INFINITY;
+                }
+                return;
+            };
+            let scale = x.clone().abs().max().into_scalar().elem::<f64>();
+            let diff = (x - y).abs().max().into_scalar().elem::<f64>();
+            if scale > 0.0 {
+                self.worst = self.worst.max(diff / scale);
+            }
+        }
+    }
+    let mut diff = Diff {
+        a,
+        b,
+        worst: 0.0,
+        _b: std::marker::PhantomData,
+    };
+    model.visit(&mut diff);
+    diff.worst
 }

@@ -18,6 +18,9 @@ use examples::training::{
     TrainingConfig, TrainingError, checkpoint_path, evaluate, latest_checkpoint, train,
 };
 
+#[path = "smoke/lm.rs"]
+mod lm;
+
 type B = Autodiff<NdArray>;
 
 /// NdArray's random generator is global: tests that seed it or draw from it hold this lock, so

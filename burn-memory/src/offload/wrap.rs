@@ -208,12 +208,11 @@ impl<B: DeviceMemory, M: Module<B>> OffloadedModel<B, M> {
     /// Runs a layer sequence one layer at a time, each on its own copy of the model, so that
     /// only the running layer's parameters (and the next one's, prefetched) are in memory
     /// beside the device cache. Stops at the first layer whose parameters could not be loaded.
-    pub fn forward_layers<const D: usize>(
-        &self,
-        input: Tensor<B, D>,
-    ) -> Result<Tensor<B, D>, MemoryError>
+    /// `X` is what the layers pass on: a tensor, or a tuple or struct of several (see
+    /// [`Layers`]).
+    pub fn forward_layers<X>(&self, input: X) -> Result<X, MemoryError>
     where
-        M: Layers<B, D>,
+        M: Layers<B, X>,
     {
         let inner = &self.manager.inner;
         let pass = PassGuard::begin(inner);

@@ -64,3 +64,39 @@ fn bf16_training_reduces_the_loss() {
 fn an_injected_infinity_skips_an_f16_step() {
     crate::amp::an_injected_infinity_skips_the_step::<A>(&Default::default(), Precision::F16);
 }
+
+#[test]
+fn segmented_gradients_match_the_plain_backward_on_flex() {
+    crate::segments::gradients_match_the_plain_backward::<A>(&Default::default());
+}
+
+#[test]
+fn batch_norm_segments_match_the_plain_backward_on_flex() {
+    crate::segments::batch_norm_gradients_match_the_plain_backward::<A>(&Default::default());
+}
+
+#[test]
+fn segments_update_running_statistics_once_on_flex() {
+    crate::segments::running_statistics_are_updated_once::<A>(&Default::default());
+}
+
+/// In a process of its own: Flex's generator is the whole process's.
+#[test]
+fn segments_reproduce_dropout_masks_on_flex() {
+    crate::own_process::in_own_process("flex::segments_reproduce_dropout_masks_on_flex", || {
+        crate::segments::dropout_masks_are_reproduced::<A>(&Default::default())
+    });
+}
+
+#[test]
+fn tuple_state_segments_match_the_plain_backward_on_flex() {
+    crate::segments::tuple_state_gradients_match_the_plain_backward::<A>(&Default::default());
+}
+
+#[test]
+fn f16_segments_match_the_f16_plain_backward() {
+    crate::segments::half_precision_segments_match_the_plain_backward::<A>(
+        &Default::default(),
+        Precision::F16,
+    );
+}

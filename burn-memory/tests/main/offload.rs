@@ -46,7 +46,7 @@ impl<B: Backend> burn::module::ModuleMapper<B> for Materialise {
     }
 }
 
-impl<B: Backend> Layers<B, 2> for Stack<B> {
+impl<B: Backend> Layers<B> for Stack<B> {
     fn num_layers(&self) -> usize {
         self.layers.len()
     }

@@ -251,6 +251,41 @@ fn segmented_gradients_match_the_plain_backward() {
 }
 
 #[test]
+fn batch_norm_segments_match_the_plain_backward() {
+    let _device = exclusive();
+    crate::segments::batch_norm_gradients_match_the_plain_backward::<Autodiff<W>>(&device());
+}
+
+#[test]
+fn segments_update_running_statistics_once() {
+    let _device = exclusive();
+    crate::segments::running_statistics_are_updated_once::<Autodiff<W>>(&device());
+}
+
+/// CubeCL's generator is the whole process's, but only wgpu tests draw from it, and they hold
+/// the device lock.
+#[test]
+fn segments_reproduce_dropout_masks() {
+    let _device = exclusive();
+    crate::segments::dropout_masks_are_reproduced::<Autodiff<W>>(&device());
+}
+
+#[test]
+fn tuple_state_segments_match_the_plain_backward() {
+    let _device = exclusive();
+    crate::segments::tuple_state_gradients_match_the_plain_backward::<Autodiff<W>>(&device());
+}
+
+#[test]
+fn f16_segments_match_the_f16_plain_backward() {
+    let _device = exclusive();
+    crate::segments::half_precision_segments_match_the_plain_backward::<Autodiff<W>>(
+        &device(),
+        Precision::F16,
+    );
+}
+
+#[test]
 fn offloaded_tiers_match_the_resident_model() {
     let _device = exclusive();
     crate::offload::every_tier_matches_the_resident_model::<W>(&device());

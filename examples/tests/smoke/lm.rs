@@ -1,0 +1,185 @@
+//! The language-model study's model: segment checkpointing with dropout gives a plain
+//! backward's gradients with the same masks, sketched and low-rank arms train, and the corpus
+//! splits deterministically.
+
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::module::AutodiffModule;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::ElementConversion;
+use burn::tensor::backend::AutodiffBackend;
+use burn_memory::Segments;
+use burn_sketch::SketchBackend;
+use burn_sketch::nn::{AttentionKind, FeatureMap, LinearKind};
+use examples::lm::{Corpus, Positions, TransformerLmConfig, batch, max_rel_diff};
+
+const TEXT: &str = "The quick brown fox jumps over the lazy dog. \
+    Pack my box with five dozen liquor jugs. \
+    How vexingly quick daft zebras jump! \
+    Sphinx of black quartz, judge my vow.";
+
+fn documents() -> Vec<String> {
+    (0..40).map(|i| format!("{i}: {TEXT}\n")).collect()
+}
+
+fn small(attention: AttentionKind, kind: LinearKind) -> TransformerLmConfig {
+    TransformerLmConfig::new()
+        .with_context(16)
+        .with_d_model(32)
+        .with_n_heads(2)
+        .with_n_blocks(4)
+        .with_d_ff(64)
+        .with_dropout(0.2)
+        .with_attention(attention)
+        .with_projections(kind)
+        .with_mlp(kind)
+}
+
+fn segmented_matches_replayed<B: AutodiffBackend + SketchBackend>(device: &B::Device) {
+    let corpus = Corpus::split(&documents(), 10, 64).unwrap();
+    let starts = Positions::new(3).starts(4, corpus.train.len(), 16);
+    let data = batch::<B>(&corpus.train, &starts, 16, device);
+    let sketched = LinearKind::Sketched {
+        num_terms: 1,
+        low_rank: 4,
+    };
+    for kind in [LinearKind::Dense, sketched] {
+        B::seed(device, 11);
+        let model = small(AttentionKind::Softmax, kind).init::<B>(device);
+        for segments in [Segments::Count(2), Segments::Count(4)] {
+            B::seed(device, 5);
+            let checked = model.segmented_grads(&data, &segments).unwrap();
+            B::seed(device, 5);
+            let replayed = model.replayed_grads(&data, &segments).unwrap();
+            let diff = max_rel_diff(&model, &replayed, &checked);
+            assert!(
+                diff <= 1e-5,
+                "{kind} {segments:?}: gradients differ by {diff:e}"
+            );
+            // Other masks give other gradients: the comparison above is not vacuous.
+            B::seed(device, 6);
+            let other = model.replayed_grads(&data, &segments).unwrap();
+            let moved = max_rel_diff(&model, &replayed, &other);
+            assert!(
+                moved > 1e-3,
+                "{kind}: dropout masks changed nothing ({moved:e})"
+            );
+        }
+    }
+}
+
+#[test]
+fn lm_segmented_gradients_match_a_plain_backward_with_the_same_masks_flex() {
+    let _serial = crate::serial();
+    segmented_matches_replayed::<Autodiff<Flex>>(&Default::default());
+}
+
+#[test]
+fn lm_segmented_gradients_match_a_plain_backward_with_the_same_masks_ndarray() {
+    let _serial = crate::serial();
+    segmented_matches_replayed::<Autodiff<NdArray>>(&Default::default());
+}
+
+#[test]
+fn every_arm_trains() {
+    let _serial = crate::serial();
+    type B = Autodiff<Flex>;
+    let device = Default::default();
+    let corpus = Corpus::split(&documents(), 10, 64).unwrap();
+    let valid_starts = Positions::new(1).starts(8, corpus.valid.len(), 16);
+    let valid =
+        batch::<<B as AutodiffBackend>::InnerBackend>(&corpus.valid, &valid_starts, 16, &device);
+    let arms = [
+        (AttentionKind::Softmax, LinearKind::Dense),
+        (
+            AttentionKind::Softmax,
+            LinearKind::Sketched {
+                num_terms: 1,
+                low_rank: 4,
+            },
+        ),
+        (AttentionKind::Softmax, LinearKind::LowRank { rank: 4 }),
+        (
+            AttentionKind::Performer {
+                num_features: 16,
+                feature_map: FeatureMap::Softmax,
+            },
+            LinearKind::Dense,
+        ),
+    ];
+    for (attention, kind) in arms {
+        B::seed(&device, 2);
+        let mut model = small(attention, kind).with_dropout(0.0).init::<B>(&device);
+        let before = model
+            .valid()
+            .forward_loss(&valid)
+            .into_scalar()
+            .elem::<f64>();
+        let mut optim = AdamConfig::new().init();
+        let mut positions = Positions::new(4);
+        for _ in 0..40 {
+            let starts = positions.starts(8, corpus.train.len(), 16);
+            let data = batch::<B>(&corpus.train, &starts, 16, &device);
+            let grads = GradientsParams::from_grads(model.forward_loss(&data).backward(), &model);
+            model = optim.step(3e-3, model, grads);
+        }
+        let after = model
+            .valid()
+            .forward_loss(&valid)
+            .into_scalar()
+            .elem::<f64>();
+        assert!(
+            after < 0.8 * before,
+            "{attention:?} {kind}: validation loss {before:.3} -> {after:.3}"
+        );
+    }
+}
+
+#[test]
+fn the_corpus_splits_whole_documents_deterministically() {
+    let docs = documents();
+    let a = Corpus::split(&docs, 10, 64).unwrap();
+    let b = Corpus::split(&docs, 10, 64).unwrap();
+    assert_eq!(a.train, b.train);
+    assert_eq!(a.valid, b.valid);
+    let chars: usize = docs.iter().map(|d| d.chars().count()).sum();
+    assert_eq!(a.train.len() + a.valid.len(), chars);
+    let valid: usize = [9, 19, 29, 39]
+        .iter()
+        .map(|&i| docs[i].chars().count())
+        .sum();
+    assert_eq!(a.valid.len(), valid);
+    let err = Corpus::split(&docs[..2], 10, 64).unwrap_err();
+    assert!(err.to_string().contains("characters"), "{err}");
+    let missing = Corpus::read_fortunes(std::path::Path::new("/nonexistent/fortunes")).unwrap_err();
+    assert!(
+        missing.to_string().contains("apt-get install fortunes"),
+        "{missing}"
+    );
+    // Reading a text file: documents are separated by blank lines.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("text.txt");
+    std::fs::write(&path, "one\ntwo\n\nthree\n\n\nfour").unwrap();
+    assert_eq!(Corpus::read_text(&path).unwrap().len(), 3);
+}
+
+/// The backend generic: the batch helper puts windows and their shifted targets together.
+#[test]
+fn batches_shift_targets_by_one() {
+    type B = Flex;
+    let stream: Vec<u32> = (0..50).collect();
+    let data = batch::<B>(&stream, &[3, 10], 4, &Default::default());
+    let inputs = data
+        .inputs
+        .into_data()
+        .convert::<i64>()
+        .to_vec::<i64>()
+        .unwrap();
+    let targets = data
+        .targets
+        .into_data()
+        .convert::<i64>()
+        .to_vec::<i64>()
+        .unwrap();
+    assert_eq!(inputs, [3, 4, 5, 6, 10, 11, 12, 13]);
+    assert_eq!(targets, [4, 5, 6, 7, 11, 12, 13, 14]);
+}
