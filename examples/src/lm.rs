@@ -232,7 +232,7 @@ pub struct TransformerLmConfig {
 }
 
 impl TransformerLmConfig {
-    /// Builds the model (parameters drawn now, from the backend's generator).
+    /// Builds the model, every parameter drawn now from the backend's generator.
     pub fn init<B: Backend>(&self, device: &B::Device) -> TransformerLm<B> {
         let block = TransformerBlockConfig::new(self.d_model, self.n_heads, self.d_ff)
             .with_dropout(self.dropout)
@@ -240,14 +240,25 @@ impl TransformerLmConfig {
             .with_attention(self.attention)
             .with_projections(self.projections)
             .with_mlp(self.mlp);
-        TransformerLm {
+        let model = TransformerLm {
             tokens: EmbeddingConfig::new(self.vocab, self.d_model).init(device),
             positions: EmbeddingConfig::new(self.context, self.d_model).init(device),
             blocks: (0..self.n_blocks).map(|_| block.init(device)).collect(),
             norm: LayerNormConfig::new(self.d_model).init(device),
             head: AnyLinearConfig::new(self.d_model, self.vocab).init(device),
             dropout: burn::nn::DropoutConfig::new(self.dropout).init(),
+        };
+        // Burn draws a parameter on its first use: draw them all now, in module order, so that
+        // a model built after `B::seed` does not depend on which of its layers runs first, and
+        // later draws (dropout masks) do not depend on whether the model was used before.
+        struct Draw;
+        impl<B: Backend> ModuleVisitor<B> for Draw {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                let _ = param.val();
+            }
         }
+        model.visit(&mut Draw);
+        model
     }
 }
 
@@ -328,7 +339,10 @@ impl<B: AutodiffBackend + SketchBackend> TransformerLm<B> {
         segments: &Segments,
     ) -> Result<GradientsParams, MemoryError> {
         let embedded = self.embed(batch.inputs.clone());
-        let step = segmented_backward(self, embedded.clone(), segments, |hidden| {
+        // A leaf of its own, so that the step returns its gradient (Burn marks only leaves as
+        // requiring one); the embeddings' graph stays with `embedded`.
+        let input = embedded.clone().detach().require_grad();
+        let step = segmented_backward(self, input, segments, |hidden| {
             self.loss(hidden, batch.targets.clone())
         })?;
         let mut grads = step.grads;
@@ -396,7 +410,13 @@ pub fn merge<B: AutodiffBackend, M: Module<B>>(
     a
 }
 
-/// The largest `max|a − b| / max|a|` over the model's parameters.
+/// How far gradients `b` are from `a`: the largest `max|a − b| / scale` over the model's
+/// parameters (infinite when one side lacks a parameter's gradient), where a parameter's scale
+/// is its largest `|a|`, but at least [`NOISE_FLOOR`] times the largest `|a|` of the model.
+///
+/// Why the floor: some gradients are zero in exact arithmetic and hold only rounding noise
+/// (the attention's key bias: softmax ignores a constant added to all of a query's scores),
+/// and noise measured against noise says nothing about the computation.
 pub fn max_rel_diff<B: AutodiffBackend, M: Module<B>>(
     model: &M,
     a: &GradientsParams,
@@ -405,35 +425,43 @@ pub fn max_rel_diff<B: AutodiffBackend, M: Module<B>>(
     struct Diff<'a, B> {
         a: &'a GradientsParams,
         b: &'a GradientsParams,
-        worst: f64,
+        /// Per parameter: (largest |a|, largest |a − b|).
+        found: Vec<(f64, f64)>,
+        missing: bool,
         _b: std::marker::PhantomData<B>,
     }
     impl<B: AutodiffBackend> ModuleVisitor<B> for Diff<'_, B> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let (Some(x), Some(y)) = (
-                self.a.get::<B::InnerBackend, D>(param.id),
-                self.b.get::<B::InnerBackend, D>(param.id),
-            ) else {
-                if self.a.get::<B::InnerBackend, D>(param.id).is_some()
-                    != self.b.get::<B::InnerBackend, D>(param.id).is_some()
-                {
-                    self.worst = f64::INFINITY;
-                }
+            let x = self.a.get::<B::InnerBackend, D>(param.id);
+            let y = self.b.get::<B::InnerBackend, D>(param.id);
+            let (Some(x), Some(y)) = (x.clone(), y.clone()) else {
+                self.missing |= x.is_some() != y.is_some();
                 return;
             };
             let scale = x.clone().abs().max().into_scalar().elem::<f64>();
             let diff = (x - y).abs().max().into_scalar().elem::<f64>();
-            if scale > 0.0 {
-                self.worst = self.worst.max(diff / scale);
-            }
+            self.found.push((scale, diff));
         }
     }
     let mut diff = Diff {
         a,
         b,
-        worst: 0.0,
+        found: Vec::new(),
+        missing: false,
         _b: std::marker::PhantomData,
     };
     model.visit(&mut diff);
-    diff.worst
+    if diff.missing {
+        return f64::INFINITY;
+    }
+    let floor = NOISE_FLOOR * diff.found.iter().map(|f| f.0).fold(0.0, f64::max);
+    diff.found
+        .iter()
+        .filter(|(scale, _)| *scale > 0.0)
+        .map(|&(scale, d)| d / scale.max(floor))
+        .fold(0.0, f64::max)
 }
+
+/// The smallest scale [`max_rel_diff`] measures a parameter's gradient against, relative to
+/// the model's largest gradient.
+pub const NOISE_FLOOR: f64 = 1e-4;

@@ -6,7 +6,7 @@ use burn::backend::{Autodiff, Flex, NdArray};
 use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::ElementConversion;
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_memory::Segments;
 use burn_sketch::SketchBackend;
 use burn_sketch::nn::{AttentionKind, FeatureMap, LinearKind};
@@ -34,7 +34,14 @@ fn small(attention: AttentionKind, kind: LinearKind) -> TransformerLmConfig {
         .with_mlp(kind)
 }
 
-fn segmented_matches_replayed<B: AutodiffBackend + SketchBackend>(device: &B::Device) {
+/// `tolerance`: the largest relative gradient difference accepted. Flex computes the same
+/// products in the same order in both passes (0 measured); NdArray's threads may add partial
+/// sums in another order from run to run, and its plain backward against itself differed by up
+/// to 6.5e-5 here (0 in most runs).
+fn segmented_matches_replayed<B: AutodiffBackend + SketchBackend>(
+    device: &B::Device,
+    tolerance: f64,
+) {
     let corpus = Corpus::split(&documents(), 10, 64).unwrap();
     let starts = Positions::new(3).starts(4, corpus.train.len(), 16);
     let data = batch::<B>(&corpus.train, &starts, 16, device);
@@ -52,7 +59,7 @@ fn segmented_matches_replayed<B: AutodiffBackend + SketchBackend>(device: &B::De
             let replayed = model.replayed_grads(&data, &segments).unwrap();
             let diff = max_rel_diff(&model, &replayed, &checked);
             assert!(
-                diff <= 1e-5,
+                diff <= tolerance,
                 "{kind} {segments:?}: gradients differ by {diff:e}"
             );
             // Other masks give other gradients: the comparison above is not vacuous.
@@ -70,13 +77,13 @@ fn segmented_matches_replayed<B: AutodiffBackend + SketchBackend>(device: &B::De
 #[test]
 fn lm_segmented_gradients_match_a_plain_backward_with_the_same_masks_flex() {
     let _serial = crate::serial();
-    segmented_matches_replayed::<Autodiff<Flex>>(&Default::default());
+    segmented_matches_replayed::<Autodiff<Flex>>(&Default::default(), 1e-5);
 }
 
 #[test]
 fn lm_segmented_gradients_match_a_plain_backward_with_the_same_masks_ndarray() {
     let _serial = crate::serial();
-    segmented_matches_replayed::<Autodiff<NdArray>>(&Default::default());
+    segmented_matches_replayed::<Autodiff<NdArray>>(&Default::default(), 5e-4);
 }
 
 #[test]
