@@ -261,7 +261,7 @@ where
             bar.set_message(format!("{} seed {seed}", arm.name));
             let config = lm_config(args, arm.attention, arm.projections, arm.mlp);
             B::seed(&device, seed);
-            let model = draw(config.init::<B>(&device));
+            let model = config.init::<B>(&device);
             let (model, run) = train(
                 model, &arm.name, seed, args.steps, corpus, &valid, args, &bar,
             )?;
@@ -328,19 +328,6 @@ fn lm_config(
         .with_attention(attention)
         .with_projections(projections)
         .with_mlp(mlp)
-}
-
-/// The model with every parameter drawn now (Burn's `Linear` draws lazily, on first use, so two
-/// models built after the same seed would otherwise differ).
-fn draw<B: Backend, M: Module<B>>(model: M) -> M {
-    struct Draw;
-    impl<B: Backend> ModuleVisitor<B> for Draw {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let _ = param.val();
-        }
-    }
-    model.visit(&mut Draw);
-    model
 }
 
 fn validation_batches<B: Backend>(
@@ -558,15 +545,13 @@ where
         }];
     };
     B::seed(&device, seed);
-    let mut model = draw(
-        lm_config(
-            args,
-            AttentionKind::Softmax,
-            LinearKind::Dense,
-            LinearKind::Dense,
-        )
-        .init::<B>(&device),
-    );
+    let mut model = lm_config(
+        args,
+        AttentionKind::Softmax,
+        LinearKind::Dense,
+        LinearKind::Dense,
+    )
+    .init::<B>(&device);
     let mut optim = AdamConfig::new().init::<B, TransformerLm<B>>();
     let mut positions = Positions::new(seed);
     let tracker = MemoryTracker::<B>::new(&device);

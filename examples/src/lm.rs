@@ -251,13 +251,7 @@ impl TransformerLmConfig {
         // Burn draws a parameter on its first use: draw them all now, in module order, so that
         // a model built after `B::seed` does not depend on which of its layers runs first, and
         // later draws (dropout masks) do not depend on whether the model was used before.
-        struct Draw;
-        impl<B: Backend> ModuleVisitor<B> for Draw {
-            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-                let _ = param.val();
-            }
-        }
-        model.visit(&mut Draw);
+        burn_sketch::nn::draw_params(&model);
         model
     }
 }

@@ -136,6 +136,9 @@ impl AnyLinearConfig {
 }
 
 /// The three layers an [`AnyLinear`] can hold.
+// The variants differ in size (a `SkLinear` holds five tensor handles), but a model holds a
+// handful of layers, and Burn's `Module` derive has no boxed form.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum LinearLayer<B: Backend> {
     /// A dense `nn::Linear`.

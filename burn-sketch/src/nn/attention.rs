@@ -36,7 +36,7 @@ pub struct MultiHeadAttentionConfig {
 impl MultiHeadAttentionConfig {
     /// Checks the sizes: `n_heads` at least 1 and dividing `d_model`.
     pub fn validate(&self) -> Result<(), SketchError> {
-        if self.n_heads == 0 || self.d_model % self.n_heads != 0 {
+        if self.n_heads == 0 || !self.d_model.is_multiple_of(self.n_heads) {
             return Err(SketchError::InvalidConfig {
                 name: "n_heads",
                 value: self.n_heads,
@@ -108,6 +108,9 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// function as Burn's on self-attention (`MhaInput::self_attn`). Burn's module has no
     /// causal flag (it takes a mask per call): pass `causal` here.
     pub fn from_burn(mha: &burn::nn::attention::MultiHeadAttention<B>, causal: bool) -> Self {
+        // Burn draws a parameter on first use, and a clone of an undrawn one draws its own:
+        // draw `mha`'s now so that the copies hold its weights.
+        super::draw_params(mha);
         Self {
             query: mha.query.clone().into(),
             key: mha.key.clone().into(),

@@ -7,6 +7,7 @@
 //! PyTorch's own `torch.save` files. A whole Panther model's file holds
 //! one such group per layer, each under its module path (`"encoder.0."`): pass it as `prefix`.
 
+mod performer;
 mod pickle;
 mod torch;
 
@@ -21,6 +22,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::linear::fixed;
 use crate::{SkLinear, SketchError};
+pub use performer::{load_performer, load_performer_from_bytes};
 use torch::TorchFile;
 
 const S1S: &str = "S1s";
@@ -72,6 +74,16 @@ fn read_sklinear<B: Backend>(
     prefix: &str,
     device: &B::Device,
 ) -> Result<SkLinear<B>, SketchError> {
+    read_state_dict(bytes, path, |dict| from_state_dict(dict, prefix, device))
+}
+
+/// Parses a checkpoint (safetensors, or PyTorch's `torch.save`) and hands its state dict to
+/// `read`; `path` names the file in [`SketchError::Format`].
+fn read_state_dict<T>(
+    bytes: &[u8],
+    path: &Path,
+    read: impl FnOnce(&dyn StateDict) -> Result<T, SketchError>,
+) -> Result<T, SketchError> {
     let format_error = |message: String| SketchError::Format {
         path: path.to_path_buf(),
         message,
@@ -79,10 +91,10 @@ fn read_sklinear<B: Backend>(
     // `torch.save` writes a zip archive (PyTorch ≥ 1.6) or, before that, a bare pickle.
     if bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(&[0x80]) {
         let file = TorchFile::parse(bytes).map_err(format_error)?;
-        from_state_dict(&file, prefix, device)
+        read(&file)
     } else {
         let file = SafeTensors::deserialize(bytes).map_err(|err| format_error(err.to_string()))?;
-        from_state_dict(&file, prefix, device)
+        read(&file)
     }
 }
 
@@ -178,7 +190,7 @@ impl FloatKind {
 
 /// Checks the shapes of an `SKLinear`'s tensors under `prefix`, then builds the layer.
 fn from_state_dict<B: Backend>(
-    dict: &impl StateDict,
+    dict: &(impl StateDict + ?Sized),
     prefix: &str,
     device: &B::Device,
 ) -> Result<SkLinear<B>, SketchError> {

@@ -3,6 +3,7 @@
 
 #[macro_use]
 mod common;
+mod autotune;
 mod bad_input;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -11,4 +12,6 @@ mod flex;
 mod ndarray;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;
+mod performer;
+mod transformer;
 mod wgpu;

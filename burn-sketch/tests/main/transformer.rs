@@ -12,7 +12,7 @@ use burn::tensor::{Bool, Distribution, Tensor, TensorData};
 use burn_sketch::nn::{
     AnyLinear, AnyLinearConfig, BlockAttention, Converter, LinearKind, LinearLayer, Mlp, MlpConfig,
     MultiHeadAttention, MultiHeadAttentionConfig, Selection, TransformerBlock,
-    TransformerBlockConfig,
+    TransformerBlockConfig, draw_params,
 };
 use burn_sketch::{SkLinear, SketchBackend, SketchError};
 
@@ -364,6 +364,7 @@ fn converted_attention_is_within_the_sketch_error() {
     let device = Default::default();
     F::seed(&device, 7);
     let dense = MultiHeadAttentionConfig::new(64, 4).init::<F>(&device);
+    draw_params(&dense); // so that the clone below holds the same weights
     let (t, k) = (1, 16);
     let expected = SkLinear::<F>::expected_relative_error(64, 64, t, k);
     let (sketched, _) = Converter::new()
@@ -387,8 +388,8 @@ fn converted_attention_is_within_the_sketch_error() {
             .powf_scalar(2.0)
             .sum()
             .sqrt()
-            .into_scalar()
-            / w.powf_scalar(2.0).sum().sqrt().into_scalar();
+            .into_scalar() as f64
+            / w.powf_scalar(2.0).sum().sqrt().into_scalar() as f64;
         assert!(
             (error / expected - 1.0).abs() < 0.25,
             "{name}: relative weight error {error}, stated {expected}"
@@ -447,6 +448,7 @@ fn bad_conversions_are_typed_errors() {
 fn a_dense_checkpoint_loads_then_converts() {
     let device = Default::default();
     let trained = model::<F>(&device);
+    draw_params(&trained);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("dense");
     trained
