@@ -69,10 +69,10 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values_t = [1u64, 2, 3])]
     seeds: Vec<u64>,
     /// Training steps per arm (the same token budget for all).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 250)]
     steps: usize,
     /// Fine-tuning steps after converting the trained dense model.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 150)]
     finetune_steps: usize,
     /// Sequences per batch.
     #[arg(long, default_value_t = 16)]
@@ -86,11 +86,22 @@ struct Args {
     /// Transformer blocks.
     #[arg(long, default_value_t = 4)]
     blocks: usize,
-    /// Dropout.
-    #[arg(long, default_value_t = 0.1)]
+    /// Dropout in the arms' training (none by default: a run sees each character about once,
+    /// far from overfitting, and without random draws in training the runs are the same
+    /// whichever thread takes them).
+    #[arg(long, default_value_t = 0.0)]
     dropout: f64,
+    /// Dropout of the segment-checkpointing extra (whose point is reproducing the masks).
+    #[arg(long, default_value_t = 0.1)]
+    extras_dropout: f64,
+    /// Training runs in parallel (one per core; the profiles are measured alone).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Steps of each arm's profile (memory and speed, measured alone).
+    #[arg(long, default_value_t = 6)]
+    profile_steps: usize,
     /// Adam's learning rate.
-    #[arg(long, default_value_t = 2e-3)]
+    #[arg(long, default_value_t = 3e-3)]
     lr: f64,
     /// Validation every this many steps (for the curves).
     #[arg(long, default_value_t = 50)]
@@ -243,62 +254,85 @@ where
         .into_iter()
         .filter(|a| args.filter.as_deref().is_none_or(|f| a.name.contains(f)))
         .collect();
-    let converted = args
-        .filter
-        .as_deref()
-        .is_none_or(|f| "converted".contains(f) || "dense".contains(f));
+    let converted = arms.iter().any(|a| a.name == "dense")
+        && args
+            .filter
+            .as_deref()
+            .is_none_or(|f| "converted".contains(f) || "dense".contains(f));
+    let valid = validation_batches::<B::InnerBackend>(corpus, args, &device);
+
+    // Memory and speed of each arm's training step, measured alone (one step at a time in the
+    // process: the heap counter is process-wide), before the runs that share the cores.
+    let mut profiles = Vec::new();
+    for arm in &arms {
+        let config = lm_config(args, arm.attention, arm.projections, arm.mlp);
+        B::seed(&device, 0);
+        profiles.push(profile_arm(config.init::<B>(&device), corpus, args)?);
+    }
+
     let total_steps = args.seeds.len()
         * (arms.len() * args.steps + if converted { args.finetune_steps } else { 0 });
     let bar = ProgressBar::new(total_steps as u64).with_style(
         ProgressStyle::with_template("{elapsed_precise} {bar:30} {pos}/{len} steps {msg}")
             .expect("a valid template"),
     );
-    let valid = validation_batches::<B::InnerBackend>(corpus, args, &device);
-    let mut runs = Vec::new();
-    let mut dense_models = Vec::new();
+    // Every model is drawn here, seeded, in a fixed order; training draws nothing more (no
+    // dropout in the arms), so the runs are the same whichever thread takes them.
+    let mut jobs = Vec::new();
     for &seed in &args.seeds {
-        for arm in &arms {
-            bar.set_message(format!("{} seed {seed}", arm.name));
+        for (index, arm) in arms.iter().enumerate() {
             let config = lm_config(args, arm.attention, arm.projections, arm.mlp);
             B::seed(&device, seed);
-            let model = config.init::<B>(&device);
-            let (model, run) = train(
-                model, &arm.name, seed, args.steps, corpus, &valid, args, &bar,
-            )?;
-            runs.push(run);
-            if arm.name == "dense" {
-                dense_models.push((seed, model));
-            }
+            jobs.push(Job {
+                name: arm.name.clone(),
+                profile: index,
+                seed,
+                steps: args.steps,
+                start: None,
+                model: config.init::<B>(&device),
+            });
         }
     }
+    let mut runs = Vec::new();
+    let mut dense_models = Vec::new();
+    for (model, run) in run_jobs(jobs, &profiles, corpus, args, &bar)? {
+        if run.arm == "dense" {
+            dense_models.push((run.seed, model));
+        }
+        runs.push(run);
+    }
     if converted {
+        let kind = LinearKind::Sketched {
+            num_terms: 1,
+            low_rank: 16,
+        };
+        let mut jobs = Vec::new();
         for (seed, dense) in &dense_models {
-            let kind = LinearKind::Sketched {
-                num_terms: 1,
-                low_rank: 16,
-            };
+            B::seed(&device, *seed);
             let (model, report) = Converter::new()
                 .rule(Selection::types(["MultiHeadAttention", "Mlp"]), kind)
                 .apply(dense.clone())?;
             tracing::info!("converted:\n{report}");
             let start = valid_bpc(&model.valid(), &valid);
-            let mut as_is = measure(&model, "converted-k16", *seed, args);
+            let mut as_is = measure(&model, "converted-k16", *seed);
             as_is.valid_bpc = start;
             as_is.curve = vec![(0, start)];
             runs.push(as_is);
-            bar.set_message(format!("converted-k16 fine-tuning, seed {seed}"));
-            let (_, mut tuned) = train(
+            let profile = arms
+                .iter()
+                .position(|a| a.name == "sketched-k16")
+                .unwrap_or(0);
+            jobs.push(Job {
+                name: "converted-k16-ft".into(),
+                profile,
+                seed: *seed,
+                steps: args.finetune_steps,
+                start: Some(start),
                 model,
-                "converted-k16-ft",
-                *seed,
-                args.finetune_steps,
-                corpus,
-                &valid,
-                args,
-                &bar,
-            )?;
-            tuned.curve.insert(0, (0, start));
-            runs.push(tuned);
+            });
+        }
+        for (_, run) in run_jobs(jobs, &profiles, corpus, args, &bar)? {
+            runs.push(run);
         }
     }
     bar.finish_and_clear();
@@ -306,11 +340,150 @@ where
     if !args.no_extras
         && let Some((seed, dense)) = dense_models.first()
     {
-        extras.extend(segment_checkpointing(dense, corpus, args, *seed)?);
-        extras.extend(mixed_precision::<B>(corpus, &valid, args, *seed));
+        extras.extend(segment_checkpointing::<B>(corpus, args, *seed)?);
+        let dense = profiles[arms.iter().position(|a| a.name == "dense").unwrap_or(0)];
+        extras.extend(mixed_precision::<B>(corpus, &valid, args, *seed, dense));
         extras.extend(offloaded_inference(&dense.valid(), corpus, args)?);
     }
     write_outputs(args, &runs, &extras)
+}
+
+/// One training run for a worker thread.
+struct Job<B: AutodiffBackend> {
+    name: String,
+    /// Which arm's [`Profile`] its memory and speed figures come from.
+    profile: usize,
+    seed: u64,
+    steps: usize,
+    /// Validation bits per character before training (fine-tuning runs start from one).
+    start: Option<f64>,
+    model: TransformerLm<B>,
+}
+
+/// What an arm's training step costs, measured with nothing else running.
+#[derive(Debug, Clone, Copy)]
+struct Profile {
+    held_bytes: u64,
+    step_peak_bytes: u64,
+    tokens_per_second: f64,
+}
+
+/// `jobs` on `--threads` worker threads (each takes the next job when done with one); the
+/// results in the jobs' order.
+fn run_jobs<B>(
+    jobs: Vec<Job<B>>,
+    profiles: &[Profile],
+    corpus: &Corpus,
+    args: &Args,
+    bar: &ProgressBar,
+) -> anyhow::Result<Vec<(TransformerLm<B>, Run)>>
+where
+    B: AutodiffBackend + SketchBackend + DeviceMemory,
+    B::InnerBackend: SketchBackend,
+{
+    let count = jobs.len();
+    let queue = std::sync::Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..args.threads.max(1))
+            .map(|_| {
+                scope.spawn(|| -> anyhow::Result<()> {
+                    let device = B::Device::default();
+                    let valid = validation_batches::<B::InnerBackend>(corpus, args, &device);
+                    loop {
+                        let next = {
+                            let mut queue = queue.lock().expect("no worker panicked");
+                            if queue.is_empty() {
+                                None
+                            } else {
+                                Some(queue.remove(0))
+                            }
+                        };
+                        let Some((order, job)) = next else {
+                            return Ok(());
+                        };
+                        let Job {
+                            name,
+                            profile,
+                            seed,
+                            steps,
+                            start,
+                            model,
+                        } = job;
+                        let (model, mut run) =
+                            train(model, &name, seed, steps, corpus, &valid, args, bar)?;
+                        let profile = profiles[profile];
+                        run.held_bytes = profile.held_bytes;
+                        run.step_peak_bytes = profile.step_peak_bytes;
+                        run.tokens_per_second = profile.tokens_per_second;
+                        if let Some(start) = start {
+                            run.curve.insert(0, (0, start));
+                        }
+                        results
+                            .lock()
+                            .expect("no worker panicked")
+                            .push((order, model, run));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().expect("a worker panicked"))
+    })?;
+    let mut results = results.into_inner().expect("no worker panicked");
+    results.sort_by_key(|r| r.0);
+    assert_eq!(results.len(), count, "every job ran");
+    Ok(results.into_iter().map(|(_, m, r)| (m, r)).collect())
+}
+
+/// The memory and speed of `model`'s training step: `--profile-steps` steps alone, the heap
+/// measured over the second (the optimizer's state exists by then), the speed over all but
+/// the first.
+fn profile_arm<B>(
+    mut model: TransformerLm<B>,
+    corpus: &Corpus,
+    args: &Args,
+) -> anyhow::Result<Profile>
+where
+    B: AutodiffBackend + SketchBackend + DeviceMemory,
+{
+    let device = B::Device::default();
+    let mut optim = AdamConfig::new().init::<B, TransformerLm<B>>();
+    let mut positions = Positions::new(0);
+    let tracker = MemoryTracker::<B>::new(&device);
+    let mut profile = Profile {
+        held_bytes: 0,
+        step_peak_bytes: 0,
+        tokens_per_second: f64::NAN,
+    };
+    let mut timed = Duration::ZERO;
+    let steps = args.profile_steps.max(3);
+    for step in 0..steps {
+        let starts = positions.starts(args.batch, corpus.train.len(), args.context);
+        let data = batch::<B>(&corpus.train, &starts, args.context, &device);
+        let start = Instant::now();
+        let mut one = |model: TransformerLm<B>| {
+            let grads = GradientsParams::from_grads(model.forward_loss(&data).backward(), &model);
+            let model = Optimizer::step(&mut optim, args.lr, model, grads);
+            B::sync(&device).expect("the device syncs");
+            model
+        };
+        model = if step == 1 {
+            let (model, report) = tracker.profile(|| one(model))?;
+            profile.step_peak_bytes = report.peak_increase();
+            profile.held_bytes = report.before.in_use;
+            model
+        } else {
+            one(model)
+        };
+        if step > 0 {
+            timed += start.elapsed();
+        }
+    }
+    profile.tokens_per_second =
+        ((steps - 1) * args.batch * args.context) as f64 / timed.as_secs_f64();
+    Ok(profile)
 }
 
 fn lm_config(
@@ -356,12 +529,7 @@ use burn::tensor::ElementConversion as _;
 
 /// Trainable, stored and optimizer bytes of `model`, and the blocks' replaced layers'
 /// trainable parameters (attention projections and MLP layers).
-fn measure<B: AutodiffBackend>(
-    model: &TransformerLm<B>,
-    arm: &str,
-    seed: u64,
-    _args: &Args,
-) -> Run {
+fn measure<B: AutodiffBackend>(model: &TransformerLm<B>, arm: &str, seed: u64) -> Run {
     struct Count {
         trainable: usize,
         stored: usize,
@@ -413,36 +581,19 @@ fn train<B>(
     bar: &ProgressBar,
 ) -> anyhow::Result<(TransformerLm<B>, Run)>
 where
-    B: AutodiffBackend + SketchBackend + DeviceMemory,
+    B: AutodiffBackend + SketchBackend,
     B::InnerBackend: SketchBackend,
 {
-    let device = model.head.to_dense_weight().device();
-    let mut run = measure(&model, arm, seed, args);
+    let device = B::Device::default();
+    let mut run = measure(&model, arm, seed);
     let mut optim = AdamConfig::new().init::<B, TransformerLm<B>>();
     let mut positions = Positions::new(seed);
-    let tracker = MemoryTracker::<B>::new(&device);
-    let mut trained = Duration::ZERO;
+    let started = Instant::now();
     for step in 0..steps {
         let starts = positions.starts(args.batch, corpus.train.len(), args.context);
-        let batch = batch::<B>(&corpus.train, &starts, args.context, &device);
-        let start = Instant::now();
-        let step_fn = |model: TransformerLm<B>, optim: &mut _| {
-            let loss = model.forward_loss(&batch);
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            let model = Optimizer::step(optim, args.lr, model, grads);
-            B::sync(&device).expect("the device syncs");
-            model
-        };
-        // The second step is the one measured for memory: the optimizer's state exists by then.
-        model = if step == 1 {
-            let ((model, ()), report) = tracker.profile(|| (step_fn(model, &mut optim), ()))?;
-            run.step_peak_bytes = report.peak_increase();
-            run.held_bytes = report.before.in_use;
-            model
-        } else {
-            step_fn(model, &mut optim)
-        };
-        trained += start.elapsed();
+        let data = batch::<B>(&corpus.train, &starts, args.context, &device);
+        let grads = GradientsParams::from_grads(model.forward_loss(&data).backward(), &model);
+        model = optim.step(args.lr, model, grads);
         bar.inc(1);
         if (step + 1) % args.eval_every == 0 && step + 1 < steps {
             run.curve.push((step + 1, valid_bpc(&model.valid(), valid)));
@@ -450,23 +601,27 @@ where
     }
     run.valid_bpc = valid_bpc(&model.valid(), valid);
     run.curve.push((steps, run.valid_bpc));
-    run.train_seconds = trained.as_secs_f64();
-    run.tokens_per_second = (steps * args.batch * args.context) as f64 / run.train_seconds;
+    run.train_seconds = started.elapsed().as_secs_f64();
     Ok((model, run))
 }
 
 /// Segment checkpointing on the trained dense model with dropout on: one segment per block,
 /// against a plain backward that draws the same dropout masks.
-fn segment_checkpointing<B>(
-    model: &TransformerLm<B>,
-    corpus: &Corpus,
-    args: &Args,
-    seed: u64,
-) -> anyhow::Result<Vec<Extra>>
+fn segment_checkpointing<B>(corpus: &Corpus, args: &Args, seed: u64) -> anyhow::Result<Vec<Extra>>
 where
     B: AutodiffBackend + SketchBackend + DeviceMemory,
 {
-    let device = model.head.to_dense_weight().device();
+    let device = B::Device::default();
+    B::seed(&device, seed);
+    let model = lm_config(
+        args,
+        AttentionKind::Softmax,
+        LinearKind::Dense,
+        LinearKind::Dense,
+    )
+    .with_dropout(args.extras_dropout)
+    .init::<B>(&device);
+    let model = &model;
     let starts = Positions::new(seed + 1000).starts(args.batch, corpus.train.len(), args.context);
     let data = batch::<B>(&corpus.train, &starts, args.context, &device);
     let tracker = MemoryTracker::<B>::new(&device);
@@ -507,7 +662,7 @@ where
         what: format!(
             "segment checkpointing, {} segments, dropout {}",
             model.blocks.len(),
-            args.dropout
+            args.extras_dropout
         ),
         peak_bytes: seg_report.peak_increase(),
         seconds: seg_s,
@@ -524,6 +679,7 @@ fn mixed_precision<B>(
     valid: &[Batch<B::InnerBackend>],
     args: &Args,
     seed: u64,
+    f32_profile: Profile,
 ) -> Vec<Extra>
 where
     B: AutodiffBackend + SketchBackend + DeviceMemory,
@@ -556,7 +712,7 @@ where
     let mut positions = Positions::new(seed);
     let tracker = MemoryTracker::<B>::new(&device);
     let (mut peak, mut elapsed) = (0, Duration::ZERO);
-    let steps = args.steps.min(100);
+    let steps = args.steps.min(50);
     for step in 0..steps {
         let starts = positions.starts(args.batch, corpus.train.len(), args.context);
         let data = batch::<B>(&corpus.train, &starts, args.context, &device);
@@ -583,11 +739,11 @@ where
         what: format!("bf16 mixed precision, dense, {steps} steps"),
         peak_bytes: peak,
         seconds: elapsed.as_secs_f64() / steps as f64,
-        baseline_peak_bytes: 0,
-        baseline_seconds: f64::NAN,
+        baseline_peak_bytes: f32_profile.step_peak_bytes,
+        baseline_seconds: (args.batch * args.context) as f64 / f32_profile.tokens_per_second,
         max_rel_diff: f64::NAN,
         note: format!(
-            "validation {bpc:.3} bits/char after {steps} steps; {} steps skipped",
+            "validation {bpc:.4} bits/char after {steps} steps; {} steps skipped; baseline: the f32 dense profile",
             amp.skipped_steps()
         ),
     }]
@@ -738,11 +894,14 @@ fn write_outputs(args: &Args, runs: &[Run], extras: &[Extra]) -> anyhow::Result<
         let peak = median(&|r| r.step_peak_bytes as f64);
         let tps = median(&|r| r.tokens_per_second);
         table.push_str(&format!(
-            "| {name} | {bpc:.3} ± {spread:.3} | {versus} | {share} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {} |\n",
+            "| {name} | {bpc:.3} ± {spread:.3} | {versus} | {share} | {:.2} | {:.2} | {:.2} | {} | {} | {} |\n",
             mb(first.trainable_bytes),
             mb(first.stored_bytes),
             mb(first.optimizer_bytes),
-            mb(median(&|r| r.held_bytes as f64) as u64),
+            match median(&|r| r.held_bytes as f64) {
+                0.0 => "–".to_string(),
+                held => format!("{:.1}", held / 1e6),
+            },
             if peak > 0.0 { format!("{:.1}", peak / 1e6) } else { "–".into() },
             if tps.is_finite() { format!("{tps:.0}") } else { "–".into() },
         ));
