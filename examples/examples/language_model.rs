@@ -341,8 +341,14 @@ where
         && let Some((seed, dense)) = dense_models.first()
     {
         extras.extend(segment_checkpointing::<B>(corpus, args, *seed)?);
-        let dense = profiles[arms.iter().position(|a| a.name == "dense").unwrap_or(0)];
-        extras.extend(mixed_precision::<B>(corpus, &valid, args, *seed, dense));
+        let f32_profile = profiles[arms.iter().position(|a| a.name == "dense").unwrap_or(0)];
+        extras.extend(mixed_precision::<B>(
+            corpus,
+            &valid,
+            args,
+            *seed,
+            f32_profile,
+        ));
         extras.extend(offloaded_inference(&dense.valid(), corpus, args)?);
     }
     write_outputs(args, &runs, &extras)
