@@ -4,9 +4,34 @@
 //! - [`AnyLinear`]: one linear layer of a kind chosen at run time ([`LinearKind`]).
 //! - [`LowRankLinear`]: `x·A·B + b`, the baseline a sketched layer must beat at equal size.
 //! - [`MultiHeadAttention`]: softmax attention (causal or not, padding mask) over `AnyLinear`
-//!   projections; [`TransformerBlock`]: a pre-norm block of attention and an [`Mlp`].
+//!   projections; [`PerformerAttention`]: its linear-time approximation (Panther's
+//!   `RandMultiHeadAttention`, FAVOR+); [`TransformerBlock`]: a pre-norm block of either
+//!   attention and an [`Mlp`].
 //! - [`Converter`]: sketches the layers a [`Selection`] picks in any model built from
-//!   `AnyLinear`s.
+//!   `AnyLinear`s; [`AutoTuner`]: searches each group's `(num_terms, low_rank)` for the cheapest
+//!   one whose quality passes (Panther's `SKAutoTuner`).
+//!
+//! Burn draws a parameter on its first use, and a clone of a parameter not yet drawn draws
+//! values of its own: call [`draw_params`] on a freshly built model before cloning it when the
+//! clone must hold the same weights (a conversion compared against its original).
+//!
+//! ```
+//! use burn::backend::Flex;
+//! use burn::tensor::{Distribution, Tensor};
+//! use burn_sketch::nn::{Converter, LinearKind, Selection, TransformerBlockConfig};
+//!
+//! let device = Default::default();
+//! // A causal pre-norm block, dense; then its MLP sketched as T = 1, k = 8.
+//! let block = TransformerBlockConfig::new(64, 4, 256).init::<Flex>(&device);
+//! let sketched = LinearKind::Sketched { num_terms: 1, low_rank: 8 };
+//! let (block, report) = Converter::new()
+//!     .rule(Selection::types(["Mlp"]), sketched)
+//!     .apply(block)
+//!     .unwrap();
+//! assert_eq!(report.layers.len(), 2);
+//! let x = Tensor::<Flex, 3>::random([2, 16, 64], Distribution::Default, &device);
+//! assert_eq!(block.forward(x, None).dims(), [2, 16, 64]);
+//! ```
 
 mod any_linear;
 mod attention;

@@ -6,6 +6,7 @@
 //! on the Python side), so trained weights move both ways; [`load_sklinear`] also reads
 //! PyTorch's own `torch.save` files. A whole Panther model's file holds
 //! one such group per layer, each under its module path (`"encoder.0."`): pass it as `prefix`.
+//! [`load_performer`] reads Panther's `RandMultiHeadAttention` the same way.
 
 mod performer;
 mod pickle;
