@@ -142,10 +142,7 @@ impl<B: SketchBackend> MultiHeadAttention<B> {
         mask_pad: Option<Tensor<B, 2, Bool>>,
     ) -> Tensor<B, 3> {
         let [batch, seq, d_model] = input.dims();
-        let heads = |x: Tensor<B, 3>| split_heads(x, self.n_heads);
-        let q = heads(self.query.forward(input.clone()));
-        let k = heads(self.key.forward(input.clone()));
-        let v = heads(self.value.forward(input));
+        let [q, k, v] = project_heads([&self.query, &self.key, &self.value], input, self.n_heads);
         let d_k = d_model / self.n_heads;
         let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d_k as f64).sqrt());
         let scores = mask_scores(scores, self.causal, mask_pad);
@@ -158,8 +155,23 @@ impl<B: SketchBackend> MultiHeadAttention<B> {
     }
 }
 
+/// The query, key and value projections of `input` (`[batch, seq, d_model]`), each split into
+/// heads: `[batch, heads, seq, d_model / heads]`.
+pub(crate) fn project_heads<B: SketchBackend>(
+    [query, key, value]: [&AnyLinear<B>; 3],
+    input: Tensor<B, 3>,
+    heads: usize,
+) -> [Tensor<B, 4>; 3] {
+    let project = |layer: &AnyLinear<B>, x| split_heads(layer.forward(x), heads);
+    [
+        project(query, input.clone()),
+        project(key, input.clone()),
+        project(value, input),
+    ]
+}
+
 /// `[batch, seq, d_model]` to `[batch, heads, seq, d_model / heads]`.
-pub(crate) fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
+fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
     let [batch, seq, d_model] = x.dims();
     x.reshape([batch, seq, heads, d_model / heads])
         .swap_dims(1, 2)

@@ -10,7 +10,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Distribution, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
-use super::attention::{MASKED_SCORE, split_heads};
+use super::attention::{MASKED_SCORE, project_heads};
 use super::{AnyLinear, AnyLinearConfig, LinearKind, MultiHeadAttention};
 use crate::{SketchBackend, SketchError};
 
@@ -354,10 +354,7 @@ impl<B: SketchBackend> PerformerAttention<B> {
         mask_pad: Option<Tensor<B, 2, Bool>>,
     ) -> Tensor<B, 3> {
         let [batch, seq, d_model] = input.dims();
-        let heads = |x: Tensor<B, 3>| split_heads(x, self.n_heads);
-        let q = heads(self.query.forward(input.clone()));
-        let k = heads(self.key.forward(input.clone()));
-        let v = heads(self.value.forward(input));
+        let [q, k, v] = project_heads([&self.query, &self.key, &self.value], input, self.n_heads);
         let pad = mask_pad.map(|pad| pad.reshape([batch, 1, seq, 1]));
         let context = self.attend(q, k, v, pad);
         self.output
