@@ -8,7 +8,7 @@ use burn::config::Config;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig};
-use burn::optim::GradientsParams;
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
@@ -339,13 +339,14 @@ impl<B: AutodiffBackend + SketchBackend> TransformerLm<B> {
         let step = segmented_backward(self, input, segments, |hidden| {
             self.loss(hidden, batch.targets.clone())
         })?;
-        let mut grads = step.grads;
+        let mut grads = GradientsAccumulator::new();
+        grads.accumulate(self, step.grads);
         if let Some(upstream) = step.input_grad {
             // The embeddings' share: their output's gradient is the first segment's input's.
             let rest = (embedded * Tensor::from_inner(upstream)).sum().backward();
-            grads = merge(self, grads, GradientsParams::from_grads(rest, self));
+            grads.accumulate(self, GradientsParams::from_grads(rest, self));
         }
-        Ok(grads)
+        Ok(grads.grads())
     }
 
     /// The plain backward (one graph over the whole model) that draws the dropout masks
@@ -370,38 +371,6 @@ impl<B: AutodiffBackend + SketchBackend> TransformerLm<B> {
         let loss = self.loss(hidden, batch.targets.clone());
         Ok(GradientsParams::from_grads(loss.backward(), self))
     }
-}
-
-/// `a + b`, parameter by parameter.
-pub fn merge<B: AutodiffBackend, M: Module<B>>(
-    model: &M,
-    mut a: GradientsParams,
-    mut b: GradientsParams,
-) -> GradientsParams {
-    struct Add<'a, B> {
-        a: &'a mut GradientsParams,
-        b: &'a mut GradientsParams,
-        _b: std::marker::PhantomData<B>,
-    }
-    impl<B: AutodiffBackend> ModuleVisitor<B> for Add<'_, B> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let x = self.a.remove::<B::InnerBackend, D>(param.id);
-            let y = self.b.remove::<B::InnerBackend, D>(param.id);
-            let sum = match (x, y) {
-                (Some(x), Some(y)) => Some(x + y),
-                (x, y) => x.or(y),
-            };
-            if let Some(sum) = sum {
-                self.a.register(param.id, sum);
-            }
-        }
-    }
-    model.visit(&mut Add {
-        a: &mut a,
-        b: &mut b,
-        _b: std::marker::PhantomData,
-    });
-    a
 }
 
 /// How far gradients `b` are from `a`: the largest `max|a − b| / scale` over the model's
