@@ -199,9 +199,9 @@ fn mixed_precision_steps_unscale_or_skip() {
     assert_eq!(scaled.len(), plain.len());
     let after_scaled = step(scaled).forward(batch.images.clone()).into_data();
     let after_plain = step(plain).forward(batch.images.clone()).into_data();
-    // Relative as well as absolute: outputs reach 23, where NdArray's thread-dependent
-    // summation order moved one by 1.1e-5 (4.9e-7 relative) in a clean-clone CI run.
-    after_scaled.assert_approx_eq::<f32>(&after_plain, Tolerance::rel_abs(1e-5, 1e-5));
+    // NdArray's thread-dependent summation order, through Adam's normalised step, moved
+    // outputs by up to 1.24e-5 (at values from 0.09 to 23) in clean-clone CI runs.
+    after_scaled.assert_approx_eq::<f32>(&after_plain, Tolerance::rel_abs(1e-5, 1e-4));
     assert_eq!(scaled_model.amp().unwrap().skipped_steps(), 0);
 
     let overflowing = model.clone().with_amp(amp(f32::MAX));
