@@ -1,27 +1,31 @@
 //! Memory tooling for Burn training, Burn-native and on every backend: what PyTorch users get
 //! from `torch.cuda.memory_allocated`, `torch.utils.checkpoint`, `torch.amp` and Lightning's
-//! batch-size finder.
+//! batch-size finder. The modules follow what a user is doing; every item is also re-exported
+//! here at the crate root.
 //!
-//! - [`MemoryTracker`]: bytes in use, reserved and peak on a device; [`MemoryTracker::profile`]
-//!   runs a closure and reports before / after / peak.
-//! - [`MemoryMonitor`]: samples a device on a background thread into a [`Timeline`] with
-//!   labelled phases, exported as CSV and plotted (PNG or SVG).
-//! - [`Checkpointing`]: selects Burn's autodiff checkpointing strategy for a training job.
-//! - [`segmented_backward`]: segment checkpointing (`checkpoint_sequential`) for any layer
-//!   sequence that implements [`Layers`]: only segment inputs are kept (a tensor, or a
-//!   [`SegmentState`] such as an activation with its residual stream and mask), each segment is
-//!   recomputed in the backward pass with the first pass's dropout masks ([`SegmentSeeds`]),
-//!   and running statistics are updated once per step.
-//! - [`MixedPrecision`]: half-precision forward with f32 master weights and dynamic loss
-//!   scaling that skips steps with non-finite gradients; [`SharedMixedPrecision`] keeps its
-//!   state in a model, saved with the model's checkpoints.
-//! - [`BatchSizeSearch`]: the largest batch whose whole training step fits a memory budget,
-//!   recovering from out-of-memory failures.
-//! - [`offload`]: tiered parameter offloading (device, host, compressed disk cache) with a
-//!   learned-order prefetcher, for models larger than the device.
-//! - [`chunked_forward`]: inference over inputs too large for one pass, with bounded memory.
-//! - With the `train` feature, [`DeviceMemoryMetric`] puts device memory on burn-train's
-//!   dashboard.
+//! - [`measure`]: how much memory a step takes and where it peaks.
+//!   - [`MemoryTracker`]: bytes in use, reserved and peak on a device;
+//!     [`MemoryTracker::profile`] runs a closure and reports before / after / peak.
+//!   - [`MemoryMonitor`]: samples a device on a background thread into a [`Timeline`] with
+//!     labelled phases, exported as CSV and plotted (PNG or SVG).
+//!   - With the `train` feature, [`DeviceMemoryMetric`] puts device memory on burn-train's
+//!     dashboard.
+//! - [`training`]: the same training step in fewer bytes.
+//!   - [`Checkpointing`]: selects Burn's autodiff checkpointing strategy for a training job.
+//!   - [`segmented_backward`]: segment checkpointing (`checkpoint_sequential`) for any layer
+//!     sequence that implements [`Layers`]: only segment inputs are kept (a tensor, or a
+//!     [`SegmentState`] such as an activation with its residual stream and mask), each segment
+//!     is recomputed in the backward pass with the first pass's dropout masks
+//!     ([`SegmentSeeds`]), and running statistics are updated once per step.
+//!   - [`MixedPrecision`]: half-precision forward with f32 master weights and dynamic loss
+//!     scaling that skips steps with non-finite gradients; [`SharedMixedPrecision`] keeps its
+//!     state in a model, saved with the model's checkpoints.
+//!   - [`BatchSizeSearch`]: the largest batch whose whole training step fits a memory budget,
+//!     recovering from out-of-memory failures.
+//! - [`inference`]: models and inputs larger than the device.
+//!   - [`offload`]: tiered parameter offloading (device, host, compressed disk cache) with a
+//!     learned-order prefetcher.
+//!   - [`chunked_forward`]: inference over inputs too large for one pass, with bounded memory.
 //!
 //! Device memory comes from [`DeviceMemory`], implemented for NdArray (the heap, counted exactly
 //! when a [`CountingAllocator`] is the global allocator, otherwise the process's resident
@@ -43,53 +47,31 @@
 //! println!("{report}");
 //! ```
 
-mod amp;
-mod amp_state;
-#[cfg(feature = "wgpu")]
-mod available;
-mod batch_search;
-mod checkpointing;
-mod chunked;
-mod device;
 mod error;
-mod heap;
-#[cfg(feature = "train")]
-mod metric;
-mod monitor;
-pub mod offload;
+pub mod inference;
+pub mod measure;
 #[cfg(test)]
 #[path = "../../testing/own_process.rs"]
 mod own_process;
-mod plot;
-mod process;
-mod segments;
-mod tracker;
-mod usage;
+pub mod training;
 
-pub use amp::{
-    LossScale, MixedPrecision, MixedPrecisionConfig, MixedPrecisionRecord, Precision, StepOutcome,
-};
-pub use amp_state::SharedMixedPrecision;
-#[cfg(feature = "wgpu")]
-pub use available::wgpu_adapter;
-pub use batch_search::{
-    BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, MemoryBudget, Trial, TrialFailure,
-    TrialOutcome,
-};
-pub use checkpointing::{Checkpointing, WithAutodiff};
-pub use chunked::chunked_forward;
-pub use device::{DeviceMemory, MemorySource, MemoryStream};
 pub use error::MemoryError;
-pub use heap::CountingAllocator;
-#[cfg(feature = "train")]
-pub use metric::{DeviceMemoryMetric, MemoryQuantity};
-pub use monitor::{MemoryMonitor, Phase, Sample, Timeline, TimelineStats};
-pub use plot::{PlotFormat, register_plot_font};
-pub use segments::{
-    Layers, SegmentSeeds, SegmentState, SegmentedGrads, Segments, segmented_backward,
+pub use inference::{chunked_forward, offload};
+#[cfg(feature = "wgpu")]
+pub use measure::wgpu_adapter;
+pub use measure::{
+    Bytes, CountingAllocator, DeviceMemory, MemoryMonitor, MemoryReport, MemorySource,
+    MemoryStream, MemoryTracker, MemoryUsage, Phase, PlotFormat, Sample, Timeline, TimelineStats,
+    register_plot_font,
 };
-pub use tracker::{MemoryReport, MemoryTracker};
-pub use usage::{Bytes, MemoryUsage};
+#[cfg(feature = "train")]
+pub use measure::{DeviceMemoryMetric, MemoryQuantity};
+pub use training::{
+    BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, Checkpointing, Layers, LossScale,
+    MemoryBudget, MixedPrecision, MixedPrecisionConfig, MixedPrecisionRecord, Precision,
+    SegmentSeeds, SegmentState, SegmentedGrads, Segments, SharedMixedPrecision, StepOutcome, Trial,
+    TrialFailure, TrialOutcome, WithAutodiff, segmented_backward,
+};
 
 /// Locks `mutex`, taking over a poisoned lock: every state behind this crate's mutexes is
 /// updated by plain assignments, so a panic elsewhere cannot leave it half-written.

@@ -52,17 +52,20 @@ fn flex_computes_in_half_precision() {
 
 #[test]
 fn f16_training_reduces_the_loss() {
-    crate::amp::training_reduces_the_loss::<A>(&Default::default(), Precision::F16);
+    crate::mixed_precision::training_reduces_the_loss::<A>(&Default::default(), Precision::F16);
 }
 
 #[test]
 fn bf16_training_reduces_the_loss() {
-    crate::amp::training_reduces_the_loss::<A>(&Default::default(), Precision::Bf16);
+    crate::mixed_precision::training_reduces_the_loss::<A>(&Default::default(), Precision::Bf16);
 }
 
 #[test]
 fn an_injected_infinity_skips_an_f16_step() {
-    crate::amp::an_injected_infinity_skips_the_step::<A>(&Default::default(), Precision::F16);
+    crate::mixed_precision::an_injected_infinity_skips_the_step::<A>(
+        &Default::default(),
+        Precision::F16,
+    );
 }
 
 #[test]

@@ -10,10 +10,10 @@ use burn_memory::CountingAllocator;
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator::system();
 
-mod amp;
 mod batch_search;
 mod flex;
 mod heap;
+mod mixed_precision;
 mod ndarray;
 mod offload;
 #[path = "../../../testing/own_process.rs"]

@@ -196,7 +196,7 @@ fn checkpointing_lowers_the_backward_peak_with_identical_gradients() {
 #[test]
 fn f16_mixed_precision_training_reduces_the_loss() {
     let _device = exclusive();
-    crate::amp::training_reduces_the_loss::<Autodiff<W>>(&device(), Precision::F16);
+    crate::mixed_precision::training_reduces_the_loss::<Autodiff<W>>(&device(), Precision::F16);
 }
 
 #[test]

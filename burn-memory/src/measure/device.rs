@@ -56,8 +56,8 @@ pub trait DeviceMemory: Backend {
 /// from the system (the allocator's caches included); without one, both are resident memory.
 #[cfg(any(feature = "ndarray", feature = "flex"))]
 fn process_usage() -> Result<MemoryUsage, MemoryError> {
-    let resident = crate::process::resident_bytes()?;
-    let in_use = crate::heap::counts().map_or(resident, |(heap, _)| heap);
+    let resident = crate::measure::process::resident_bytes()?;
+    let in_use = crate::measure::heap::counts().map_or(resident, |(heap, _)| heap);
     Ok(MemoryUsage {
         in_use,
         reserved: resident,
@@ -81,7 +81,7 @@ where
     }
 
     fn memory_capacity(_device: &Self::Device) -> Option<u64> {
-        Some(crate::process::total_bytes())
+        Some(crate::measure::process::total_bytes())
     }
 }
 
@@ -98,7 +98,7 @@ impl DeviceMemory for burn::backend::Flex {
     }
 
     fn memory_capacity(_device: &Self::Device) -> Option<u64> {
-        Some(crate::process::total_bytes())
+        Some(crate::measure::process::total_bytes())
     }
 }
 

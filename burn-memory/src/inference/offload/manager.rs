@@ -166,7 +166,7 @@ impl<B: DeviceMemory> OffloadManager<B> {
         };
         let host_budget = config
             .host_budget_bytes
-            .unwrap_or_else(crate::process::total_bytes);
+            .unwrap_or_else(crate::measure::process::total_bytes);
         let inner = Arc::new(Inner {
             device: device.clone(),
             device_budget,

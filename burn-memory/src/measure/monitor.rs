@@ -215,7 +215,7 @@ impl Timeline {
     /// Plots memory in use and reserved over time, with the phases shaded and labelled, as PNG
     /// or SVG (chosen from the extension: `.svg` is SVG, anything else PNG).
     pub fn plot(&self, path: impl AsRef<Path>, title: &str) -> Result<(), MemoryError> {
-        crate::plot::plot_timeline(
+        crate::measure::plot::plot_timeline(
             self,
             path.as_ref(),
             PlotFormat::from_path(path.as_ref()),

@@ -29,7 +29,7 @@ impl PlotFormat {
 }
 
 /// DejaVu Sans, ASCII subset (see `assets/LICENSE.DejaVu`).
-static FONT: &[u8] = include_bytes!("../assets/DejaVuSans-subset.ttf");
+static FONT: &[u8] = include_bytes!("../../assets/DejaVuSans-subset.ttf");
 
 /// Registers the font that burn-memory's plots embed as plotters' `sans-serif`, so that any
 /// plotters chart in the program renders text without a system font library (plotters keeps

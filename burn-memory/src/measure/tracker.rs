@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::device::{MemorySource, MemoryStream};
 use crate::{Bytes, DeviceMemory, MemoryError, MemoryUsage};
+use crate::{MemorySource, MemoryStream};
 
 /// Memory figures of one device, with a peak since the last reset: Burn's counterpart of
 /// `torch.cuda.memory_allocated`, `memory_reserved`, `max_memory_allocated` and
@@ -158,9 +158,9 @@ impl<B: DeviceMemory> MemoryTracker<B> {
     pub fn current_peak(&self) -> u64 {
         let peaks = *self.lock();
         match B::SOURCE {
-            MemorySource::Process => match crate::heap::counts() {
+            MemorySource::Process => match crate::measure::heap::counts() {
                 Some((_, heap_peak)) => heap_peak.max(peaks.in_use),
-                None => crate::process::peak_resident_bytes()
+                None => crate::measure::process::peak_resident_bytes()
                     .map_or(peaks.reserved, |kernel| kernel.max(peaks.reserved)),
             },
             MemorySource::DevicePools => peaks.reserved,
@@ -180,8 +180,8 @@ impl<B: DeviceMemory> MemoryTracker<B> {
         B::memory_cleanup(&self.device);
         B::sync(&self.device).map_err(|error| MemoryError::Backend(format!("{error:?}")))?;
         if B::SOURCE == MemorySource::Process {
-            crate::process::reset_peak();
-            crate::heap::reset_peak();
+            crate::measure::process::reset_peak();
+            crate::measure::heap::reset_peak();
         }
         let usage = B::memory_usage(&self.device, self.stream)?;
         *self.lock() = usage;
@@ -243,7 +243,7 @@ mod tests {
             .unwrap();
         assert!(sum > 0.0);
         assert!(
-            crate::heap::counts().is_none(),
+            crate::measure::heap::counts().is_none(),
             "no counting allocator here"
         );
         assert!(

@@ -100,7 +100,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Distribution, FloatDType, Int, Tensor, TensorPrimitive};
 use serde::{Deserialize, Serialize};
 
-use crate::amp::Materialize;
+use crate::training::mixed_precision::Materialize;
 use crate::{MemoryError, MixedPrecision, Precision};
 
 /// A sequence of layers that segment checkpointing can split (and that offloading runs one

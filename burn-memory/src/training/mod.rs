@@ -1,0 +1,27 @@
+//! Saving memory in training: the same step in fewer bytes.
+//!
+//! - [`checkpointing`]: keep fewer activations and recompute them in the backward pass, either
+//!   through Burn's autodiff strategy ([`Checkpointing`]) or by segments of a layer sequence
+//!   ([`segmented_backward`]).
+//! - [`MixedPrecision`]: a half-precision forward and backward over f32 master weights, with
+//!   dynamic loss scaling; [`SharedMixedPrecision`] keeps its state inside a model, so that
+//!   checkpoints save it.
+//! - [`BatchSizeSearch`]: the largest batch whose whole training step fits a memory budget.
+
+mod batch_search;
+pub mod checkpointing;
+pub(crate) mod mixed_precision;
+mod shared_mixed_precision;
+
+pub use batch_search::{
+    BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, MemoryBudget, Trial, TrialFailure,
+    TrialOutcome,
+};
+pub use checkpointing::{
+    Checkpointing, Layers, SegmentSeeds, SegmentState, SegmentedGrads, Segments, WithAutodiff,
+    segmented_backward,
+};
+pub use mixed_precision::{
+    LossScale, MixedPrecision, MixedPrecisionConfig, MixedPrecisionRecord, Precision, StepOutcome,
+};
+pub use shared_mixed_precision::SharedMixedPrecision;
