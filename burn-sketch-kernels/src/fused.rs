@@ -173,7 +173,7 @@ pub fn fused_forward_kernel<F: Float>(
     }
 }
 
-/// Launches [`fused_forward_kernel`] over `x` (`[n, d_in]`), writing `out` (`[n, d_out]`,
+/// Launches [`fused_forward_kernel()`] over `x` (`[n, d_in]`), writing `out` (`[n, d_out]`,
 /// allocated by the caller). `column_groups` splits `d_out` across that many cubes per row
 /// tile. Shapes and element types are the caller's to check ([`crate::forward_with`] does);
 /// this checks only what is particular to the kernel, its rank limit.

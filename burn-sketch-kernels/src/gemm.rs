@@ -15,7 +15,7 @@
 //! depth of `d_in`, so for `n = 256`, `k = 16` it has 16 output tiles, far too few cubes for a
 //! GPU, each walking thousands of depth steps in sequence. When the output has fewer tiles
 //! than the device has room for, [`split_count`] cuts the depth into slices: cube `z` sums
-//! slice `z` into an `f32` workspace `[splits, rows, cols]`, and [`reduce_splits_kernel`] adds
+//! slice `z` into an `f32` workspace `[splits, rows, cols]`, and [`reduce_splits_kernel()`] adds
 //! the slices, scales, adds the bias and writes the output in its layout. The extra traffic
 //! is `2 · splits · rows · cols` floats, small next to the operands for such shapes.
 
@@ -31,7 +31,7 @@ use crate::layout::{Layout, offset};
 pub const TILE: u32 = 16;
 
 /// How the right operand of a product is made of tensors. A compile-time argument of
-/// [`gemm_kernel`].
+/// [`gemm_kernel()`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Concat {
     /// One tensor.
@@ -125,7 +125,7 @@ fn accumulate_product<F: Float>(
 }
 
 /// `α·acc + bias[col]`: the last step of an output element, whether its sum was made in one
-/// cube ([`gemm_kernel`]) or gathered from slices ([`reduce_splits_kernel`]).
+/// cube ([`gemm_kernel()`]) or gathered from slices ([`reduce_splits_kernel()`]).
 #[cube]
 fn scale_and_bias<F: Float>(
     acc: f32,
@@ -238,7 +238,7 @@ pub fn gemm_kernel<F: Float, O: Float>(
     }
 }
 
-/// Sums the `splits` slices of a [`gemm_kernel`] workspace (`[splits, rows, cols]`, `f32`),
+/// Sums the `splits` slices of a [`gemm_kernel()`] workspace (`[splits, rows, cols]`, `f32`),
 /// scales by `α`, adds the bias and writes the output in `out_layout`: one unit per output
 /// element.
 #[cube(launch)]
@@ -370,7 +370,7 @@ impl GemmProblem {
     }
 }
 
-/// Launches [`gemm_kernel`] (and, when `problem.splits > 1`, [`reduce_splits_kernel`]):
+/// Launches [`gemm_kernel()`] (and, when `problem.splits > 1`, [`reduce_splits_kernel()`]):
 /// writes `α·(first.0·first.1 [+ second.0·second.1]) [+ bias]` into `out`, which the caller
 /// allocates with a shape matching `problem.out_layout`.
 ///

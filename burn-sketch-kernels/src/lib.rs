@@ -8,7 +8,7 @@
 //! - [`gemm`]: the tiled product kernel with strided layouts, optional second product and bias;
 //! - [`fused`]: the one-launch forward, `P = x·A` kept in shared memory;
 //! - [`sketch`]: forward and backward as sequences of those launches;
-//! - [`reference`]: a plain-Rust implementation of the same maths, which the tests hold the
+//! - [`mod@reference`]: a plain-Rust implementation of the same maths, which the tests hold the
 //!   kernels to.
 //!
 //! All kernels take their element type at launch (`f32`, `f16`, `bf16`, as the device

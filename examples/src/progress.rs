@@ -94,6 +94,12 @@ impl<W: Write + Send + Sync> EpochLines<W> {
                 .iter()
                 .map(|(id, value)| {
                     let name = self.names.get(id).map_or("?", String::as_str);
+                    // Some of burn-train's metrics (CPU use, CPU memory) put their name in
+                    // their formatted value already: "CPU Usage: 76.47 %".
+                    let value = value
+                        .strip_prefix(name)
+                        .and_then(|rest| rest.strip_prefix(": "))
+                        .unwrap_or(value);
                     format!("{name} {value}")
                 })
                 .collect::<Vec<_>>()
@@ -221,5 +227,17 @@ mod tests {
             text,
             "epoch 1/2 | train Loss 0.1 | valid Loss 0.15\nepoch 2/2 | train Loss 0.2 | valid Loss 0.25\n"
         );
+    }
+
+    #[test]
+    fn a_value_that_names_its_metric_is_shown_once() {
+        let cpu = MetricId::new(Arc::new("cpu".into()));
+        let mut lines = EpochLines::new(Vec::new());
+        lines.names.insert(cpu.clone(), "CPU Usage".into());
+        lines.update_train(state(&cpu, "CPU Usage: 76.47 %"));
+        lines.render_train(progress(1), Vec::new());
+        lines.on_train_end(None).unwrap();
+        let text = String::from_utf8(lines.into_inner()).unwrap();
+        assert_eq!(text, "epoch 1/2 | train CPU Usage 76.47 %\n");
     }
 }

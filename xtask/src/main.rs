@@ -4,11 +4,14 @@
 //!   `cargo xtask bench --help`.
 //! - `products`: the six matrix products of a sketched training step on each CPU GEMM engine
 //!   (Flex's `matmul`, ndarray's, the `gemm` crate direct); see `cargo xtask products --help`.
+//! - `book`: builds the mdBook under `docs/` and checks its pages and links (`--browser`: in
+//!   headless Chromium too).
 //!
 //! The binary also runs on its own (`target/release/xtask bench ...`), so it can be copied to a
 //! machine without cargo.
 
 mod bench;
+mod book;
 mod products;
 
 /// Benchmarks run on mimalloc. On CPU backends every call allocates its output, and glibc's
@@ -35,6 +38,8 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Time a sketched layer's six matrix products on each CPU GEMM engine.
     Products(products::ProductsArgs),
+    /// Build the book under docs/ and check its pages and links.
+    Book(book::BookArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +58,13 @@ fn main() -> ExitCode {
             Ok(_) => ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("products failed: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        Task::Book(args) => match book::run(&args) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("book failed: {err:#}");
                 ExitCode::FAILURE
             }
         },

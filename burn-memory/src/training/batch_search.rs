@@ -198,7 +198,7 @@ impl fmt::Display for BatchSearchResult {
     }
 }
 
-/// A configured search; see the [module docs](self).
+/// A configured search; see the [module docs](crate::training::batch_search).
 #[derive(Debug)]
 pub struct BatchSizeSearch<B: DeviceMemory> {
     tracker: MemoryTracker<B>,

@@ -8,9 +8,9 @@
 //!   checkpoints save it.
 //! - [`BatchSizeSearch`]: the largest batch whose whole training step fits a memory budget.
 
-mod batch_search;
+pub mod batch_search;
 pub mod checkpointing;
-pub(crate) mod mixed_precision;
+pub mod mixed_precision;
 mod shared_mixed_precision;
 
 pub use batch_search::{

@@ -16,7 +16,7 @@ pub struct Timing {
     pub p75_ms: f64,
     /// Number of timed samples.
     pub runs: usize,
-    /// Calls queued back to back in each sample, before its one sync (see [`time`]).
+    /// Calls queued back to back in each sample, before its one sync (see [`time_together`]).
     #[serde(default = "one")]
     pub calls_per_sample: usize,
 }

@@ -7,8 +7,8 @@
 //!   model that implements [`Layers`]: only each segment's input is kept, and the backward pass
 //!   re-runs one segment at a time, with the first pass's dropout masks ([`SegmentSeeds`]).
 
-mod segments;
-mod strategy;
+pub mod segments;
+pub mod strategy;
 
 pub use segments::{
     Layers, SegmentSeeds, SegmentState, SegmentedGrads, Segments, segmented_backward,
