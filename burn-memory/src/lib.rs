@@ -27,7 +27,7 @@
 //!     learned-order prefetcher.
 //!   - [`chunked_forward`]: inference over inputs too large for one pass, with bounded memory.
 //!
-//! Device memory comes from [`DeviceMemory`], implemented for NdArray (the heap, counted exactly
+//! Device memory comes from [`DeviceMemory`], implemented for NdArray and Flex (the heap, counted exactly
 //! when a [`CountingAllocator`] is the global allocator, otherwise the process's resident
 //! memory), every CubeCL backend (`Wgpu`, `Cuda`: the CubeCL memory pools), their fusion
 //! wrappers and `Autodiff` over any of them.

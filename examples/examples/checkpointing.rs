@@ -4,7 +4,8 @@
 //! graph. A sketched MLP (`SkLinear` layers) and the same with dense `nn::Linear` layers.
 //!
 //! ```text
-//! cargo run --release -p examples --example checkpointing                     # NdArray
+//! cargo run --release -p examples --example checkpointing                     # Flex (CPU)
+//! cargo run --release -p examples --example checkpointing -- --backend ndarray
 //! cargo run --release -p examples --example checkpointing -- --backend wgpu   # + AMP rows
 //! ```
 //!
@@ -13,7 +14,7 @@
 //! on a backend that has f16), `inference-autodiff` (a forward pass on the autodiff backend with
 //! parameters that require gradients: the graph holds every activation until the output is
 //! dropped) and `inference-inner` (the same on `model.valid()`, no graph). Columns: the peak
-//! memory of the step above what was held before it (exact heap bytes on NdArray, this program
+//! memory of the step above what was held before it (exact heap bytes on the CPU backends, this program
 //! installs burn-memory's `CountingAllocator`; CubeCL pool bytes on wgpu), the median step time,
 //! and the largest deviation of any parameter's gradient from the baseline's (largest absolute
 //! difference over the largest absolute baseline value, per parameter).

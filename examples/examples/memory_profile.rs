@@ -4,12 +4,13 @@
 //! as a markdown table on stdout plus CSV and a plot.
 //!
 //! ```text
-//! cargo run --release -p examples --example memory_profile                      # NdArray
+//! cargo run --release -p examples --example memory_profile                      # Flex (CPU)
+//! cargo run --release -p examples --example memory_profile -- --backend ndarray
 //! cargo run --release -p examples --example memory_profile -- --backend wgpu --batch 1024
 //! cargo run --release -p examples --features cuda --example memory_profile -- --backend cuda
 //! ```
 //!
-//! On NdArray the measured figures are exact heap bytes: this program installs burn-memory's
+//! On the CPU backends (Flex, NdArray) the measured figures are exact heap bytes: this program installs burn-memory's
 //! `CountingAllocator`. On wgpu they are CubeCL's reserved pool bytes (page-rounded).
 //! Outputs go to `target/memory_profile/<backend>/`.
 

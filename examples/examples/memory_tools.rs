@@ -3,7 +3,8 @@
 //! memory, a batch-size search and chunked inference.
 //!
 //! ```text
-//! cargo run --release -p examples --example memory_tools                  # NdArray (CPU)
+//! cargo run --release -p examples --example memory_tools                  # Flex (CPU)
+//! cargo run --release -p examples --example memory_tools -- --backend ndarray
 //! cargo run --release -p examples --example memory_tools -- --backend wgpu
 //! cargo run --release -p examples --features cuda --example memory_tools -- --backend cuda
 //! ```
@@ -27,7 +28,7 @@ use burn_memory::{
 use clap::Parser;
 use examples::backend::BackendKind;
 
-/// On NdArray, memory figures are exact heap bytes rather than the process's resident memory.
+/// On the CPU backends, memory figures are exact heap bytes rather than the process's resident memory.
 #[global_allocator]
 static ALLOCATOR: burn_memory::CountingAllocator = burn_memory::CountingAllocator::system();
 

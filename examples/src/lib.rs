@@ -1,6 +1,8 @@
 //! Shared pieces of the burn-sketch examples: the MNIST data and the MLP they train.
 
 pub mod backend;
+#[cfg(doctest)]
+pub mod book;
 pub mod checkpoint;
 pub mod data;
 pub mod lm;

@@ -59,6 +59,11 @@ pub fn run(args: &BookArgs) -> Result<BookReport> {
         bail!("mdbook build failed ({status})");
     }
     let out_dir = out_dir(&docs)?;
+    // The README links into the book's sources; mdBook does not see it, so check it here.
+    let broken = broken_links_in_sources(&docs.join("../README.md"), &docs.join("src"))?;
+    if !broken.is_empty() {
+        bail!("dead links in the sources:\n  {}", broken.join("\n  "));
+    }
 
     let chapters = chapters(&std::fs::read_to_string(docs.join("src/SUMMARY.md"))?);
     for (_, path) in &chapters {
@@ -68,11 +73,6 @@ pub fn run(args: &BookArgs) -> Result<BookReport> {
         }
     }
     let links_checked = check_links(&out_dir)?;
-    eprintln!(
-        "{} chapters, {links_checked} links between pages checked: {}",
-        chapters.len(),
-        out_dir.join("index.html").display()
-    );
 
     let screenshot = if args.browser {
         Some(browser_check(&out_dir, &chapters)?)
@@ -224,11 +224,7 @@ fn browser_check(out_dir: &Path, chapters: &[(String, String)]) -> Result<PathBu
     if !status.success() || !screenshot.is_file() {
         bail!("the browser made no screenshot ({status})");
     }
-    eprintln!(
-        "{browser}: all {} chapters in the table of contents; screenshot {}",
-        chapters.len(),
-        screenshot.display()
-    );
+    eprintln!("{browser}: the table of contents lists every chapter");
     Ok(screenshot)
 }
 
@@ -238,6 +234,29 @@ fn escape(title: &str) -> String {
         .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+/// [`broken_source_links`] of the README and of every page under `src`.
+fn broken_links_in_sources(readme: &Path, src: &Path) -> Result<Vec<String>> {
+    let mut files = vec![readme.to_path_buf()];
+    markdown_files(src, &mut files)?;
+    let mut broken = Vec::new();
+    for file in files {
+        broken.extend(broken_source_links(&file)?);
+    }
+    Ok(broken)
+}
+
+fn markdown_files(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            markdown_files(&path, files)?;
+        } else if path.extension().is_some_and(|e| e == "md") {
+            files.push(path);
+        }
+    }
+    Ok(())
 }
 
 /// Relative links to Markdown files in `file` (a page of the book or the README) that point at
@@ -260,17 +279,6 @@ fn broken_source_links(file: &Path) -> Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn markdown_files(dir: &Path, files: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                markdown_files(&path, files);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                files.push(path);
-            }
-        }
-    }
 
     #[test]
     fn every_chapter_has_a_written_page_and_no_link_is_dead() {
@@ -296,12 +304,7 @@ mod tests {
                 "chapter {title:?} ({path}) is not written"
             );
         }
-        let mut files = vec![root.join("README.md")];
-        markdown_files(&src, &mut files);
-        let broken: Vec<String> = files
-            .iter()
-            .flat_map(|file| broken_source_links(file).unwrap())
-            .collect();
+        let broken = broken_links_in_sources(&root.join("README.md"), &src).unwrap();
         assert!(broken.is_empty(), "dead links:\n{}", broken.join("\n"));
     }
 

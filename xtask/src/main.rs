@@ -62,7 +62,18 @@ fn main() -> ExitCode {
             }
         },
         Task::Book(args) => match book::run(&args) {
-            Ok(_) => ExitCode::SUCCESS,
+            Ok(report) => {
+                eprintln!(
+                    "{} chapters, {} links between pages checked: {}",
+                    report.chapters,
+                    report.links_checked,
+                    report.out_dir.join("index.html").display()
+                );
+                if let Some(screenshot) = report.screenshot {
+                    eprintln!("screenshot: {}", screenshot.display());
+                }
+                ExitCode::SUCCESS
+            }
             Err(err) => {
                 eprintln!("book failed: {err:#}");
                 ExitCode::FAILURE

@@ -17,7 +17,7 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// around another allocator (the system's by default).
 ///
 /// Installed as the program's `#[global_allocator]`, it makes [`MemoryTracker`] on CPU
-/// backends (NdArray) report heap bytes in use and an exact heap peak, instead of the
+/// backends (NdArray, Flex) report heap bytes in use and an exact heap peak, instead of the
 /// process's resident memory and the kernel's page-level high-water mark. The counts cover
 /// every thread of the process (data loaders included), like the resident figures they
 /// replace.

@@ -15,7 +15,7 @@ use crate::{MemorySource, MemoryStream};
 ///
 /// # How the peak is obtained, and how accurate it is
 ///
-/// - **CPU backends (NdArray) with a [`CountingAllocator`](crate::CountingAllocator)** as the
+/// - **CPU backends (NdArray, Flex) with a [`CountingAllocator`](crate::CountingAllocator)** as the
 ///   global allocator: in use is the heap's live bytes and the peak is their exact maximum
 ///   since the last reset, updated on every allocation; reserved is the resident memory.
 ///   This is the accurate mode: install it in programs that measure.

@@ -21,11 +21,13 @@ impl fmt::Display for Bytes {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryUsage {
     /// Bytes held by live allocations: on CubeCL devices, the bytes of tensors and buffers
-    /// alive in the memory pools; on CPU backends, the process's resident memory.
+    /// alive in the memory pools; on CPU backends (NdArray, Flex), the heap bytes in use when a
+    /// [`CountingAllocator`](crate::CountingAllocator) is the global allocator, otherwise the
+    /// process's resident memory.
     pub in_use: u64,
     /// Bytes the allocator holds from the device, in use or cached for reuse: on CubeCL
-    /// devices, the pools' pages; on CPU backends, the same as `in_use` (the operating system is
-    /// the allocator there).
+    /// devices, the pools' pages; on CPU backends, the process's resident memory (the operating
+    /// system is the allocator there), which with a counting allocator differs from `in_use`.
     pub reserved: u64,
 }
 

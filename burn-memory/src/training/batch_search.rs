@@ -54,7 +54,8 @@ use crate::{Bytes, DeviceMemory, MemoryError, MemoryTracker};
 /// How much memory a training step may use.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub enum MemoryBudget {
-    /// At most this many bytes at the peak.
+    /// At most this many bytes at the peak: the device's whole usage (model, optimizer state,
+    /// anything else alive), not what the step adds to it.
     Bytes(u64),
     /// At most this fraction (in `(0, 1]`) of the device's memory, where the backend knows its
     /// size (CPU backends, CUDA; not wgpu).
@@ -64,7 +65,8 @@ pub enum MemoryBudget {
 /// Settings of a batch-size search.
 #[derive(Config, Debug)]
 pub struct BatchSizeSearchConfig {
-    /// The memory a training step may use at its peak.
+    /// The memory the device may hold at the step's peak (its absolute usage, not the step's
+    /// increase over what was held before it).
     pub budget: MemoryBudget,
     /// The first batch size tried.
     #[config(default = 1)]
@@ -302,8 +304,8 @@ impl<B: DeviceMemory> BatchSizeSearch<B> {
                 _ => resume_unwind(payload),
             },
         };
-        // After a failure the device may hold the partial step's buffers: release what it can
-        // before reading, so that the next trial starts clean.
+        // After a failure the device may still hold the partial step's buffers; the next
+        // trial's `reset_peak` releases them, so that it starts clean.
         let peak = self.tracker.peak()?;
         Ok(Trial {
             batch_size: batch,

@@ -89,8 +89,12 @@ fn read_state_dict<T>(
         path: path.to_path_buf(),
         message,
     };
-    // `torch.save` writes a zip archive (PyTorch ≥ 1.6) or, before that, a bare pickle.
-    if bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(&[0x80]) {
+    // `torch.save` writes a zip archive (PyTorch ≥ 1.6) or, before that, a bare pickle, which
+    // starts with the PROTO opcode 0x80. A safetensors file starts with its header's length
+    // (8 bytes, little-endian), whose first byte may be 0x80 too: it is recognised by the JSON
+    // header that follows.
+    let safetensors = bytes.len() > 8 && bytes[8] == b'{';
+    if !safetensors && (bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(&[0x80])) {
         let file = TorchFile::parse(bytes).map_err(format_error)?;
         read(&file)
     } else {

@@ -27,8 +27,8 @@ const PROJECTION: &str = "projection_matrix";
 /// The state dict does not say everything: Panther keeps the number of heads, the kernel
 /// (`kernel_fn`) and causality (`iscausal`) as plain attributes. They come from `config`, and
 /// the file must fit it: every shape is checked against `config` before any tensor is built
-/// (`d_model` from the weights, `num_features` and `d_model / n_heads` from the random
-/// projection), with [`SketchError::MissingKey`] for an absent tensor and
+/// (the projections against `d_model`, the random projection against `num_features` and
+/// `d_model / n_heads`), with [`SketchError::MissingKey`] for an absent tensor and
 /// [`SketchError::ShapeMismatch`] for one of the wrong shape. The biases are loaded when the
 /// file has them (all four, or none; `config.bias` is not consulted). `config.projections`
 /// other than `Dense` sketches the loaded dense projections

@@ -1,0 +1,37 @@
+//! The book's pages (`docs/src`), compiled and run as doctests so that every Rust block in
+//! them stays true. Blocks that need files or a GPU are marked `no_run`; hidden lines start
+//! with `# `, which both rustdoc and mdBook understand.
+
+/// One doctest holder per page, named after the page's file.
+macro_rules! pages {
+    ($($name:ident => $path:literal),* $(,)?) => {
+        $(
+            #[doc = include_str!(concat!("../../docs/src/", $path))]
+            pub struct $name;
+        )*
+    };
+}
+
+pages! {
+    Introduction => "introduction.md",
+    GettingStarted => "getting-started.md",
+    SketchedLayer => "sketching/sketched-layer.md",
+    PantherCheckpoints => "sketching/panther-checkpoints.md",
+    Transformers => "sketching/transformers.md",
+    Backends => "sketching/backends.md",
+    MemoryOverview => "memory/overview.md",
+    Measure => "memory/measure.md",
+    FindThePeak => "memory/find-the-peak.md",
+    Checkpointing => "memory/checkpointing.md",
+    MixedPrecision => "memory/mixed-precision.md",
+    BatchSize => "memory/batch-size.md",
+    Offload => "memory/offload.md",
+    ChunkedInference => "memory/chunked-inference.md",
+    BenchmarksOverview => "benchmarks/overview.md",
+    Mnist => "benchmarks/mnist.md",
+    Cpu => "benchmarks/cpu.md",
+    Gpu => "benchmarks/gpu.md",
+    LanguageModel => "benchmarks/language-model.md",
+    MemoryStudies => "benchmarks/memory.md",
+    Development => "development.md",
+}
