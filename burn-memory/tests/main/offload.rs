@@ -401,7 +401,7 @@ fn selections_pick_types_one_module_or_paths() {
         (Selection::types(["Conv2d"]), 0, 0),
         (Selection::module("layers.1"), 1, (96 * 80 * 4) as u64),
         (
-            Selection::paths(|path| path.ends_with('3') || path.ends_with('4')),
+            Selection::predicate(|path| path.ends_with('3') || path.ends_with('4')),
             2,
             ((96 * 64 + 64 * 16) * 4) as u64,
         ),

@@ -24,7 +24,7 @@ pub enum Selection {
     /// The one module at this path.
     Module(String),
     /// Every module whose path the predicate accepts.
-    Paths(Arc<dyn Fn(&str) -> bool + Send + Sync>),
+    Predicate(Arc<dyn Fn(&str) -> bool + Send + Sync>),
 }
 
 impl Selection {
@@ -38,16 +38,17 @@ impl Selection {
         Self::Module(path.into())
     }
 
-    /// Every module whose path `predicate` accepts.
-    pub fn paths(predicate: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
-        Self::Paths(Arc::new(predicate))
+    /// Every module whose path `predicate` accepts. (In `burn_sketch::nn::Selection`,
+    /// `paths` takes a list of path patterns; a closure is a predicate in both crates.)
+    pub fn predicate(predicate: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        Self::Predicate(Arc::new(predicate))
     }
 
     fn accepts(&self, path: &str, type_name: &str) -> bool {
         match self {
             Self::Types(types) => types.iter().any(|t| t == type_name),
             Self::Module(module) => module == path,
-            Self::Paths(predicate) => predicate(path),
+            Self::Predicate(predicate) => predicate(path),
         }
     }
 }
@@ -65,7 +66,7 @@ impl fmt::Debug for Selection {
         match self {
             Self::Types(types) => f.debug_tuple("Types").field(types).finish(),
             Self::Module(path) => f.debug_tuple("Module").field(path).finish(),
-            Self::Paths(_) => f.write_str("Paths(..)"),
+            Self::Predicate(_) => f.write_str("Predicate(..)"),
         }
     }
 }
