@@ -52,6 +52,15 @@ impl<A> CountingAllocator<A> {
     }
 }
 
+impl CountingAllocator {
+    /// Whether a `CountingAllocator` is this program's global allocator (it has counted an
+    /// allocation), so that [`MemoryTracker`](crate::MemoryTracker) on CPU backends reports
+    /// exact heap bytes rather than the process's resident memory.
+    pub fn is_installed() -> bool {
+        counts().is_some()
+    }
+}
+
 fn allocated(bytes: usize) {
     let now = IN_USE.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
     PEAK.fetch_max(now, Ordering::Relaxed);

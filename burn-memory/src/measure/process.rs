@@ -90,7 +90,7 @@ mod tests {
     #[test]
     fn resident_memory_grows_with_a_touched_buffer() {
         crate::own_process::in_own_process(
-            "process::tests::resident_memory_grows_with_a_touched_buffer",
+            "measure::process::tests::resident_memory_grows_with_a_touched_buffer",
             resident_memory_grows,
         );
     }

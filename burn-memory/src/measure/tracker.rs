@@ -222,12 +222,13 @@ mod tests {
     #[test]
     fn tracker_reports_resident_memory_without_a_counting_allocator() {
         crate::own_process::in_own_process(
-            "tracker::tests::tracker_reports_resident_memory_without_a_counting_allocator",
+            "measure::tracker::tests::tracker_reports_resident_memory_without_a_counting_allocator",
             resident_peak_sees_a_transient,
         );
     }
 
     fn resident_peak_sees_a_transient() {
+        assert!(!crate::CountingAllocator::is_installed());
         let device = Default::default();
         let tracker = MemoryTracker::<NdArray>::new(&device);
         // 64 MiB of random f32, every page touched.

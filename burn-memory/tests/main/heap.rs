@@ -16,6 +16,7 @@ fn heap_counts_are_exact_and_the_peak_sees_a_transient_tensor() {
 }
 
 fn exact_heap_counts() {
+    assert!(burn_memory::CountingAllocator::is_installed());
     let device = Default::default();
     let tracker = MemoryTracker::<NdArray>::new(&device);
 
