@@ -1,22 +1,76 @@
 //! Batch-size search on NdArray, where the peak is the binary's exact heap peak. In a process
-//! of its own: other tests allocating in the same process would move the peak.
+//! of its own: other tests allocating in the same process would move the peak. The budget check
+//! is generic: the Flex and Wgpu modules run it too.
+
+use std::ops::RangeInclusive;
 
 use burn::backend::NdArray;
-use burn::tensor::{Distribution, Tensor};
+use burn::tensor::{Distribution, ElementConversion, Tensor};
 use burn_memory::{
-    BatchSizeSearchConfig, MemoryBudget, MemoryError, MemoryTracker, TrialFailure, TrialOutcome,
+    BatchSearchResult, BatchSizeSearchConfig, DeviceMemory, MemoryBudget, MemoryError,
+    MemoryTracker, TrialFailure, TrialOutcome,
 };
 
 type B = NdArray;
 
 /// A "training step" whose memory grows with the batch: 1 MiB of touched f32 per sample, plus
 /// a product of the same size.
-fn step(batch: usize) -> Result<(), TrialFailure> {
-    let device = Default::default();
-    let x = Tensor::<B, 2>::random([batch, 256 * 1024], Distribution::Default, &device);
+fn step_on<D: DeviceMemory>(batch: usize, device: &D::Device) -> Result<(), TrialFailure> {
+    let x = Tensor::<D, 2>::random([batch, 256 * 1024], Distribution::Default, device);
     let y = x.clone().mul_scalar(2.0) + x;
-    assert!(y.sum().into_scalar().is_finite());
+    assert!(y.sum().into_scalar().elem::<f32>().is_finite());
     Ok(())
+}
+
+fn step(batch: usize) -> Result<(), TrialFailure> {
+    step_on::<B>(batch, &Default::default())
+}
+
+/// A search on `D` with a budget of what the device holds now (after the pools' cleanup, the
+/// figure each trial starts from) plus `extra` bytes: the chosen size was tried and fit, its
+/// peak within the budget; the size above it was tried and was over budget or ran out of
+/// memory; and the chosen size is in `expected` (the step needs 1-3 MiB per sample).
+pub(crate) fn search_respects_the_budget<D: DeviceMemory>(
+    device: &D::Device,
+    extra: u64,
+    expected: RangeInclusive<usize>,
+) -> BatchSearchResult {
+    let tracker = MemoryTracker::<D>::new(device);
+    tracker.reset_peak().unwrap();
+    let base = tracker.peak().unwrap();
+    let budget = base + extra;
+    let search = BatchSizeSearchConfig::new(MemoryBudget::Bytes(budget))
+        .with_max(1024)
+        .init::<D>(device)
+        .unwrap();
+    let result = search.run(|batch| step_on::<D>(batch, device)).unwrap();
+    eprintln!("base {base}, {result}");
+    assert_eq!(result.budget, budget);
+    let chosen = result
+        .trials
+        .iter()
+        .find(|t| t.batch_size == result.batch_size && t.outcome == TrialOutcome::Fits)
+        .expect("the chosen size was tried and fit");
+    assert!(chosen.peak <= budget, "{result}");
+    assert_eq!(result.peak, chosen.peak, "{result}");
+    // The next size up was tried and was over budget (or failed).
+    let next = result
+        .trials
+        .iter()
+        .find(|t| t.batch_size == result.batch_size + 1)
+        .unwrap_or_else(|| panic!("the size above the result was tried: {result}"));
+    match &next.outcome {
+        TrialOutcome::OverBudget => assert!(next.peak > budget, "{result}"),
+        TrialOutcome::OutOfMemory(_) => {}
+        TrialOutcome::Fits => panic!("the size above the result fit: {result}"),
+    }
+    assert!(
+        expected.contains(&result.batch_size),
+        "{} MiB at 1-3 MiB per sample should give {expected:?}, got {}",
+        extra >> 20,
+        result.batch_size
+    );
+    result
 }
 
 #[test]
@@ -29,35 +83,15 @@ fn search_respects_the_budget_and_recovers_from_out_of_memory() {
 
 fn budget_and_recovery() {
     let device = Default::default();
-    let base = MemoryTracker::<B>::new(&device).usage().unwrap().in_use;
 
     // Budget: the current process plus 80 MiB. Each sample needs 2-3 MiB at the peak.
-    let budget = base + 80 * 1024 * 1024;
-    let search = BatchSizeSearchConfig::new(MemoryBudget::Bytes(budget))
-        .with_max(1024)
-        .init::<B>(&device)
-        .unwrap();
-    let result = search.run(step).unwrap();
-    eprintln!("{result}");
-    let chosen = result
-        .trials
-        .iter()
-        .find(|t| t.batch_size == result.batch_size && t.outcome == TrialOutcome::Fits)
-        .expect("the chosen size was tried and fit");
-    assert!(chosen.peak <= budget);
-    // The next size up was tried and was over budget.
+    let result = search_respects_the_budget::<B>(&device, 80 * 1024 * 1024, 10..=40);
     let next = result
         .trials
         .iter()
         .find(|t| t.batch_size == result.batch_size + 1)
-        .expect("the size above the result was tried");
+        .unwrap();
     assert_eq!(next.outcome, TrialOutcome::OverBudget, "{result}");
-    assert!(next.peak > budget);
-    assert!(
-        (10..=40).contains(&result.batch_size),
-        "80 MiB at 2-3 MiB per sample should give 10-40, got {}",
-        result.batch_size
-    );
 
     // An out-of-memory failure, returned or panicked, is contained and counts as "too big".
     let search = BatchSizeSearchConfig::new(MemoryBudget::FractionOfDevice(1.0))

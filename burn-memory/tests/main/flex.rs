@@ -1,5 +1,6 @@
 //! The memory tools on Flex, Burn's pure-Rust CPU backend: exact heap bytes (the binary
-//! installs `CountingAllocator`) per dtype, and mixed precision in f16 and bf16 on the CPU.
+//! installs `CountingAllocator`) per dtype, mixed precision in f16 and bf16 on the CPU,
+//! segment checkpointing, batch-size search and chunked inference.
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
@@ -101,5 +102,33 @@ fn f16_segments_match_the_f16_plain_backward() {
     crate::segments::half_precision_segments_match_the_plain_backward::<A>(
         &Default::default(),
         Precision::F16,
+    );
+}
+
+/// Exact heap peaks, so in a process of its own (other tests' allocations would move them).
+#[test]
+fn batch_size_search_respects_the_budget_on_flex() {
+    crate::own_process::in_own_process(
+        "flex::batch_size_search_respects_the_budget_on_flex",
+        || {
+            // Each sample needs 2-3 MiB at the peak, as on NdArray.
+            crate::batch_search::search_respects_the_budget::<Flex>(
+                &Default::default(),
+                80 * MIB,
+                10..=40,
+            );
+        },
+    );
+}
+
+#[test]
+fn chunked_inference_equals_one_pass_and_rejects_bad_chunks_on_flex() {
+    crate::ndarray::chunked_equals_one_pass_and_rejects_bad_chunks::<A>(&Default::default());
+}
+
+#[test]
+fn chunked_inference_rejects_changing_widths_and_passes_empty_inputs_on_flex() {
+    crate::ndarray::chunked_rejects_changing_widths_and_passes_empty_inputs::<Flex>(
+        &Default::default(),
     );
 }

@@ -7,6 +7,7 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::{AutodiffModule, Module};
 use burn::nn::{Linear, LinearConfig};
 use burn::optim::{GradientsAccumulator, GradientsParams, Optimizer, SgdConfig};
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor, TensorData, Tolerance};
 use burn_memory::{
     LossScale, MemoryError, MemoryMonitor, MemoryTracker, MixedPrecision, MixedPrecisionConfig,
@@ -342,9 +343,17 @@ fn monitor_records_a_timeline_writes_csv_and_plots_and_its_thread_ends() {
 
 #[test]
 fn chunked_inference_equals_one_pass_and_rejects_bad_chunks() {
-    let device = Default::default();
-    let model = LinearConfig::new(20, 7).init::<A>(&device).valid();
-    let x = Tensor::<B, 2>::random([333, 20], Distribution::Default, &device);
+    chunked_equals_one_pass_and_rejects_bad_chunks::<A>(&Default::default());
+}
+
+/// A trained model's inference half, run over chunks of every size (1, uneven, exactly the
+/// input, more than it) gives the one-pass output; a zero chunk and a `forward` that changes
+/// the row count are errors. Generic: the Flex module runs it too.
+pub(crate) fn chunked_equals_one_pass_and_rejects_bad_chunks<AB: AutodiffBackend>(
+    device: &AB::Device,
+) {
+    let model = LinearConfig::new(20, 7).init::<AB>(device).valid();
+    let x = Tensor::<AB::InnerBackend, 2>::random([333, 20], Distribution::Default, device);
     let whole = model.forward(x.clone()).into_data();
     for chunk in [1, 10, 100, 332, 333, 1000] {
         let chunked = chunked_forward(x.clone(), chunk, |c| model.forward(c)).unwrap();
@@ -355,15 +364,21 @@ fn chunked_inference_equals_one_pass_and_rejects_bad_chunks() {
     assert!(chunked_forward(x.clone(), 0, |c| model.forward(c)).is_err());
     let err = chunked_forward(x, 10, |c| c.narrow(0, 0, 1)).unwrap_err();
     assert!(err.to_string().contains("rows"), "{err}");
-    let _ = Module::<B>::num_params(&model);
+    let _ = Module::<AB::InnerBackend>::num_params(&model);
 }
 
 /// A `forward` whose rows change shape from one chunk to the next is an error, not a panic in
 /// the slice assignment; an empty input is one pass, like any input that fits in one chunk.
 #[test]
 fn chunked_inference_rejects_changing_widths_and_passes_empty_inputs() {
-    let device = Default::default();
-    let x = Tensor::<B, 2>::random([30, 8], Distribution::Default, &device);
+    chunked_rejects_changing_widths_and_passes_empty_inputs::<B>(&Default::default());
+}
+
+/// Generic: the Flex module runs it too.
+pub(crate) fn chunked_rejects_changing_widths_and_passes_empty_inputs<D: Backend>(
+    device: &D::Device,
+) {
+    let x = Tensor::<D, 2>::random([30, 8], Distribution::Default, device);
     let mut calls = 0;
     let err = chunked_forward(x, 10, |c| {
         calls += 1;
@@ -374,7 +389,7 @@ fn chunked_inference_rejects_changing_widths_and_passes_empty_inputs() {
     assert!(matches!(err, MemoryError::Invalid { .. }), "{err}");
     assert!(err.to_string().contains("same"), "{err}");
 
-    let empty = Tensor::<B, 2>::zeros([0, 8], &device);
+    let empty = Tensor::<D, 2>::zeros([0, 8], device);
     let out = chunked_forward(empty, 10, |c| c.narrow(1, 0, 3)).unwrap();
     assert_eq!(out.dims(), [0, 3]);
 }

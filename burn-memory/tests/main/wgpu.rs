@@ -212,6 +212,16 @@ fn chunked_inference_equals_one_pass_on_wgpu() {
     whole.assert_approx_eq::<f32>(&chunked, Tolerance::absolute(1e-6));
 }
 
+/// On CubeCL's pool bytes: a budget of what the pools hold after cleanup (nothing, here) plus
+/// 128 MiB. The peak is the pools' reserved bytes, rounded up to their pages and not monotonic
+/// in the batch size (measured on lavapipe: batch 4 peaks at 40 MiB, batch 8 at 16 MiB; 17-24
+/// at 136 MiB, 32 at 72 MiB), hence the wide range (the step needs 1-3 MiB per sample).
+#[test]
+fn batch_size_search_respects_the_budget_on_wgpu() {
+    let _device = exclusive();
+    crate::batch_search::search_respects_the_budget::<W>(&device(), 128 << 20, 8..=128);
+}
+
 /// The adapter probe finds lavapipe (or a GPU) here.
 #[test]
 fn wgpu_adapter_is_found_here() {

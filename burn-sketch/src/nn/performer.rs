@@ -540,9 +540,14 @@ impl<B: Backend> PerformerAttention<B> {
             let scores = q.clone().matmul(p.clone().swap_dims(2, 3));
             let scores = match &scale {
                 Some(s) => {
-                    let decay = (s.clone().swap_dims(2, 3) - s.clone())
-                        .mask_fill(future, MASKED_SCORE)
-                        .exp();
+                    // Both operands expanded to the full square: Burn 0.21's fusion computes
+                    // `sᵀ - s` wrongly when both sides broadcast one tensor and `len` is even
+                    // (the wgpu tests hold this).
+                    let square = [batch, heads, len, len];
+                    let decay = (s.clone().swap_dims(2, 3).expand(square)
+                        - s.clone().expand(square))
+                    .mask_fill(future, MASKED_SCORE)
+                    .exp();
                     scores * decay
                 }
                 None => scores * past.clone(),

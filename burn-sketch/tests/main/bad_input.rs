@@ -15,14 +15,14 @@ use crate::ndarray::{panther_tensors, write_safetensors};
 type B = NdArray;
 const DEVICE: NdArrayDevice = NdArrayDevice::Cpu;
 
-fn fixture(name: &str) -> PathBuf {
+pub(crate) fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
         .join(name)
 }
 
 /// Entry `i` of the fixture tensor stored at `offset` (see `make_pytorch_fixture.py`).
-fn expected(offset: usize, len: usize) -> Vec<f32> {
+pub(crate) fn expected(offset: usize, len: usize) -> Vec<f32> {
     (0..len).map(|i| (i + offset) as f32 * 0.25).collect()
 }
 

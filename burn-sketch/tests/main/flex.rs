@@ -29,6 +29,11 @@ fn training_step_matches_ndarray() {
     );
 }
 
+#[test]
+fn panther_checkpoints_match_ndarray() {
+    common::panther_checkpoints_match_ndarray::<B>(&DEVICE, STRATEGY);
+}
+
 /// A layer, an input and an output gradient on Flex.
 fn operands(
     rows: usize,

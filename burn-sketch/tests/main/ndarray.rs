@@ -262,6 +262,34 @@ pub(crate) fn panther_tensors(
 }
 
 #[test]
+fn a_safetensors_header_whose_length_starts_like_a_pickle_still_loads() {
+    // A safetensors file starts with its header's length; when its low byte is 0x80 (the
+    // pickle PROTO opcode) the file must still load as safetensors. The prefix's length moves
+    // the header's length through every multiple of 8 until one lands on it.
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sk.safetensors");
+    let layer = SkLinearConfig::new(64, 32, 2, 8).init::<B>(&DEVICE);
+    let mut hit = false;
+    for extra in 0..40 {
+        let prefix = format!("fc{}.", "x".repeat(extra));
+        save_sklinear(&layer, &path, &prefix).unwrap();
+        if std::fs::read(&path).unwrap()[0] != 0x80 {
+            continue;
+        }
+        hit = true;
+        let loaded = load_sklinear::<B>(&path, &prefix, &DEVICE)
+            .unwrap_or_else(|err| panic!("prefix {prefix:?}: {err}"));
+        let x = Tensor::<B, 2>::random([3, 64], Distribution::Default, &DEVICE);
+        assert_eq!(
+            layer.forward(x.clone()).into_data(),
+            loaded.forward(x).into_data()
+        );
+    }
+    assert!(hit, "no prefix gave a header length with low byte 0x80");
+}
+
+#[test]
 fn panther_round_trip_reproduces_outputs() {
     let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();

@@ -1,4 +1,5 @@
-//! `PerformerAttention` (FAVOR+, Panther's `RandMultiHeadAttention`) on Flex and NdArray:
+//! `PerformerAttention` (FAVOR+, Panther's `RandMultiHeadAttention`) on Flex and NdArray (the
+//! `wgpu` module runs the forward and gradient checks on Wgpu):
 //! outputs and gradients against the quadratic form, causality and padding (exact), the
 //! estimate of softmax attention as the feature count grows, construction from dense
 //! attention (ours and Burn's), records, and Panther checkpoints (the fixture's outputs come
@@ -154,7 +155,11 @@ fn reference<B: SketchBackend>(
             .reshape([b, h, n, f])
     };
 
-    let pad = pad.map(|p| p.into_data().to_vec::<bool>().unwrap());
+    // Through integers: Wgpu stores booleans as `u32`, which `to_vec::<bool>` refuses.
+    let pad = pad.map(|p| {
+        let flags = p.int().into_data().convert::<i64>();
+        flags.iter::<i64>().map(|v| v != 0).collect::<Vec<_>>()
+    });
     let mut allowed = vec![1.0f32; b * n * n];
     for batch in 0..b {
         for i in 0..n {
@@ -209,8 +214,9 @@ fn reference<B: SketchBackend>(
     module.output.forward(context)
 }
 
-/// Every feature map, causal or not, with and without padding, and (causal) chunks of 1, 3
-/// and more than the sequence, equals the quadratic form; sketched projections too; and the
+/// Every feature map, causal or not, with and without padding, and (causal) chunks of 1, 3, 4
+/// (an even length: Burn's fusion once got the in-chunk decay wrong there) and more than the
+/// sequence, equals the quadratic form; sketched projections too; and the
 /// last causal output, whose prefix is the whole sequence, is the non-causal one.
 pub fn forward_matches_reference<B: SketchBackend>(device: &B::Device) {
     let _serial = serial();
@@ -219,7 +225,7 @@ pub fn forward_matches_reference<B: SketchBackend>(device: &B::Device) {
     for feature_map in [FeatureMap::Softmax, FeatureMap::Relu] {
         for causal in [false, true] {
             let mut module = config(feature_map, causal).init::<B>(device);
-            let chunks: &[usize] = if causal { &[1, 3, 64] } else { &[64] };
+            let chunks: &[usize] = if causal { &[1, 3, 4, 64] } else { &[64] };
             for &chunk in chunks {
                 module.chunk_size = chunk;
                 for pad in [None, Some(padding::<B>(device))] {
