@@ -4,6 +4,8 @@
 //!   `cargo xtask bench --help`.
 //! - `products`: the six matrix products of a sketched training step on each CPU GEMM engine
 //!   (Flex's `matmul`, ndarray's, the `gemm` crate direct); see `cargo xtask products --help`.
+//! - `overhead`: kernel launches, pool reservations and new device buffers per call of
+//!   `SkLinear` and dense `nn::Linear` on wgpu, counted from CubeCL's own tracing spans.
 //! - `book`: builds the mdBook under `docs/` and checks its pages and links (`--browser`: in
 //!   headless Chromium too).
 //!
@@ -12,6 +14,10 @@
 
 mod bench;
 mod book;
+mod overhead;
+#[cfg(test)]
+#[path = "../../testing/own_process.rs"]
+mod own_process;
 mod products;
 
 /// Benchmarks run on mimalloc. On CPU backends every call allocates its output, and glibc's
@@ -40,6 +46,8 @@ enum Task {
     Products(products::ProductsArgs),
     /// Build the book under docs/ and check its pages and links.
     Book(book::BookArgs),
+    /// Count kernel launches and buffer reservations per call of SkLinear and dense Linear.
+    Overhead(overhead::OverheadArgs),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +66,13 @@ fn main() -> ExitCode {
             Ok(_) => ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("products failed: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        Task::Overhead(args) => match overhead::run(&args) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("overhead failed: {err:#}");
                 ExitCode::FAILURE
             }
         },
