@@ -122,7 +122,9 @@ fn chapters(summary: &str) -> Vec<(String, String)> {
 fn check_links(out_dir: &Path) -> Result<usize> {
     let mut checked = 0;
     let mut broken = BTreeSet::new();
-    for page in html_files(out_dir)? {
+    let mut pages = Vec::new();
+    files_with_extension(out_dir, "html", &mut pages)?;
+    for page in pages {
         let html = std::fs::read_to_string(&page)?;
         for target in hrefs(&html) {
             if target.contains("://") || target.starts_with('#') || target.starts_with("mailto:") {
@@ -152,23 +154,23 @@ fn check_links(out_dir: &Path) -> Result<usize> {
     Ok(checked)
 }
 
-fn html_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
+/// The files under `dir` whose extension is `extension`, skipping mdBook's own asset folders
+/// (fonts, highlight.js), which hold no links of ours.
+fn files_with_extension(dir: &Path, extension: &str, files: &mut Vec<PathBuf>) -> Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         if path.is_dir() {
-            // mdBook's own assets (fonts, highlight.js) hold no links of ours.
             if !matches!(
                 path.file_name().and_then(|n| n.to_str()),
                 Some("css" | "fonts" | "FontAwesome")
             ) {
-                files.extend(html_files(&path)?);
+                files_with_extension(&path, extension, files)?;
             }
-        } else if path.extension().is_some_and(|e| e == "html") {
+        } else if path.extension().is_some_and(|e| e == extension) {
             files.push(path);
         }
     }
-    Ok(files)
+    Ok(())
 }
 
 fn hrefs(html: &str) -> impl Iterator<Item = &str> {
@@ -239,24 +241,12 @@ fn escape(title: &str) -> String {
 /// [`broken_source_links`] of the README and of every page under `src`.
 fn broken_links_in_sources(readme: &Path, src: &Path) -> Result<Vec<String>> {
     let mut files = vec![readme.to_path_buf()];
-    markdown_files(src, &mut files)?;
+    files_with_extension(src, "md", &mut files)?;
     let mut broken = Vec::new();
     for file in files {
         broken.extend(broken_source_links(&file)?);
     }
     Ok(broken)
-}
-
-fn markdown_files(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.is_dir() {
-            markdown_files(&path, files)?;
-        } else if path.extension().is_some_and(|e| e == "md") {
-            files.push(path);
-        }
-    }
-    Ok(())
 }
 
 /// Relative links to Markdown files in `file` (a page of the book or the README) that point at

@@ -408,7 +408,7 @@ fn malformed_panther_files_are_errors() {
 /// PyTorch's zip format) loads with the values it holds.
 #[test]
 fn panther_pytorch_files_load() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/sklinear.pt");
+    let path = crate::bad_input::fixture("sklinear.pt");
     let layer = load_sklinear::<B>(&path, "fc.", &DEVICE).unwrap();
     assert_eq!(
         (
@@ -419,9 +419,7 @@ fn panther_pytorch_files_load() {
         ),
         (2, 3, 2, 4)
     );
-    let expected = |offset: usize, len: usize| -> Vec<f32> {
-        (0..len).map(|i| (i + offset) as f32 * 0.25).collect()
-    };
+    let expected = crate::bad_input::expected;
     let values = |t: Tensor<B, 3>| t.into_data().to_vec::<f32>().unwrap();
     assert_eq!(values(layer.s1s.val()), expected(0, 12));
     assert_eq!(values(layer.s2s.val()), expected(100, 16));

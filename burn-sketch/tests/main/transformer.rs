@@ -114,14 +114,9 @@ pub(crate) fn attention_matches_naive_reference<B: AutodiffBackend + SketchBacke
                 x.grad(&grads_ref).unwrap().into_data(),
                 &format!("input gradient, {what}"),
             );
-            let weight_grad = |g: &B::Gradients| match mha.query.layer() {
-                LinearLayer::Dense(l) => l.weight.grad(g).unwrap().into_data(),
-                LinearLayer::Sketched(l) => l.s1s.grad(g).unwrap().into_data(),
-                LinearLayer::LowRank(l) => l.a.grad(g).unwrap().into_data(),
-            };
             assert_close(
-                weight_grad(&grads),
-                weight_grad(&grads_ref),
+                first_weight_grad(&mha.query, &grads),
+                first_weight_grad(&mha.query, &grads_ref),
                 &format!("query weight gradient, {what}"),
             );
         }
