@@ -1,17 +1,24 @@
-//! The fused forward kernel: `y = (x·A)·B·α + bias` in one launch, `P = x·A` kept on chip.
+//! The fused forward kernel: `y = (x·A)·B·α + bias` with `P = x·A` kept on chip.
 //!
 //! `A = [S1 | U2]` (`d_in × 2Tk`) and `B = [U1; S2]` (`2Tk × d_out`) are read in place from
 //! the four Panther-layout factors. A cube owns `TILE` rows of `x`:
 //!
-//! 1. it computes their `TILE × 2Tk` block of `P` into shared memory, walking `d_in` in
-//!    tiles (each unit accumulates the `P` entries it owns, so no reduction is needed);
+//! 1. it makes their `TILE × 2Tk` block of `P` in shared memory, either by walking `d_in` in
+//!    tiles (each unit accumulates the `P` entries it owns, so no reduction is needed), or,
+//!    when a first launch has already computed `P` with its depth split across cubes (see
+//!    [`crate::gemm`]), by adding that launch's partial sums;
 //! 2. it multiplies that block by `B`, one `TILE`-wide column tile of `y` at a time, scales,
 //!    adds the bias and writes each element of `y` once.
 //!
-//! `P` never goes to global memory, and `x` and `y` cross it exactly once per column group.
+//! From `x`, the forward is one launch and `P` never goes to global memory. From partial
+//! sums it is two launches, the least a split depth allows on devices without cross-cube
+//! synchronisation (wgpu has none): the first launch has the parallelism of the split, and
+//! this one adds the slices as it reads them instead of a third launch doing it.
+//!
 //! To keep a large GPU busy when `n` is small, the host may split `d_out` into several column
-//! groups (grid `x`); each group recomputes its rows' `P`, which costs `2·TILE·d_in·2Tk`
-//! FLOPs per extra group and is why the split is bounded (see [`crate::sketch`]).
+//! groups (grid `x`); each group makes its rows' `P` again, which costs `2·TILE·d_in·2Tk`
+//! FLOPs per extra group from `x` (or reads `splits·TILE·2Tk` partial sums), and is why the
+//! groups are bounded (see [`crate::sketch`]).
 //!
 //! Shared memory holds `TILE × padded_rank` `f32` values for `P`, so the fused path is only
 //! used up to [`MAX_FUSED_RANK`]; wider layers take the two-launch path of [`crate::gemm`].
@@ -87,6 +94,7 @@ pub fn fused_forward_kernel<F: Float>(
     u1s: &Tensor<F>,
     s2s: &Tensor<F>,
     bias: &Tensor<F>,
+    partials: &ComptimeOption<Tensor<f32>>,
     out: &mut Tensor<F>,
     rows: u32,
     d_in: u32,
@@ -94,6 +102,7 @@ pub fn fused_forward_kernel<F: Float>(
     low_rank: u32,
     alpha: f32,
     tiles_per_group: u32,
+    splits: u32,
     #[comptime] padded_rank: u32,
     #[comptime] has_bias: bool,
     #[define(F)] _dtype: StorageType,
@@ -116,30 +125,51 @@ pub fn fused_forward_kernel<F: Float>(
     let mut w_tile = SharedMemory::<f32>::new(tile * tile);
 
     // Phase 1: this unit owns P[ty, jt·TILE + tx] for every rank tile jt.
-    #[unroll]
-    for jt in 0..rank_tiles {
-        p[ty * width + jt * tile + tx] = 0.0f32;
-    }
-    let depth_tiles = d_in.div_ceil(tile);
-    for chunk in 0..depth_tiles {
-        let base = chunk * tile;
-        let mut xv = 0.0f32;
-        if row < rows && base + tx < d_in {
-            xv = f32::cast_from(x[row * x.stride(0) + (base + tx) * x.stride(1)]);
-        }
-        x_tile[ty * tile + tx] = xv;
-        #[unroll]
-        for jt in 0..rank_tiles {
-            w_tile[ty * tile + tx] =
-                load_a::<F>(s1s, u2s, base + ty, jt * tile + tx, d_in, half, low_rank);
-            sync_cube();
-            let mut sum = p[ty * width + jt * tile + tx];
+    #[comptime]
+    match partials {
+        ComptimeOption::Some(partials) => {
+            // Slice `s` of the split projection is `[rows, 2Tk]` at `s·rows·2Tk`.
+            let rank = 2 * half;
             #[unroll]
-            for kk in 0..tile {
-                sum += x_tile[ty * tile + kk] * w_tile[kk * tile + tx];
+            for jt in 0..rank_tiles {
+                let col = jt * tile + tx;
+                let mut sum = 0.0f32;
+                if row < rows && col < rank {
+                    for s in 0..splits as usize {
+                        sum += partials[(s * rows + row) * rank + col];
+                    }
+                }
+                p[ty * width + col] = sum;
             }
-            p[ty * width + jt * tile + tx] = sum;
             sync_cube();
+        }
+        ComptimeOption::None => {
+            #[unroll]
+            for jt in 0..rank_tiles {
+                p[ty * width + jt * tile + tx] = 0.0f32;
+            }
+            let depth_tiles = d_in.div_ceil(tile);
+            for chunk in 0..depth_tiles {
+                let base = chunk * tile;
+                let mut xv = 0.0f32;
+                if row < rows && base + tx < d_in {
+                    xv = f32::cast_from(x[row * x.stride(0) + (base + tx) * x.stride(1)]);
+                }
+                x_tile[ty * tile + tx] = xv;
+                #[unroll]
+                for jt in 0..rank_tiles {
+                    w_tile[ty * tile + tx] =
+                        load_a::<F>(s1s, u2s, base + ty, jt * tile + tx, d_in, half, low_rank);
+                    sync_cube();
+                    let mut sum = p[ty * width + jt * tile + tx];
+                    #[unroll]
+                    for kk in 0..tile {
+                        sum += x_tile[ty * tile + kk] * w_tile[kk * tile + tx];
+                    }
+                    p[ty * width + jt * tile + tx] = sum;
+                    sync_cube();
+                }
+            }
         }
     }
 
@@ -175,12 +205,14 @@ pub fn fused_forward_kernel<F: Float>(
 
 /// Launches [`fused_forward_kernel()`] over `x` (`[n, d_in]`), writing `out` (`[n, d_out]`,
 /// allocated by the caller). `column_groups` splits `d_out` across that many cubes per row
-/// tile. Shapes and element types are the caller's to check ([`crate::forward_with`] does);
+/// tile. With `partials`, an `f32` workspace `[splits, n, 2Tk]` of the projection `x·A`'s
+/// partial sums (see [`crate::gemm`]), `P` is their sum rather than computed from `x`. Shapes and element types are the caller's to check ([`crate::forward_with`] does);
 /// this checks only what is particular to the kernel, its rank limit.
 pub fn fused_forward<R: CubeRuntime>(
     x: &CubeTensor<R>,
     weights: &SketchWeights<R>,
     bias: Option<&CubeTensor<R>>,
+    partials: Option<&CubeTensor<R>>,
     out: &CubeTensor<R>,
     column_groups: usize,
 ) -> Result<(), KernelError> {
@@ -219,6 +251,9 @@ pub fn fused_forward<R: CubeRuntime>(
         weights.u1s.clone().into_tensor_arg(),
         weights.s2s.clone().into_tensor_arg(),
         bias_arg.clone().into_tensor_arg(),
+        partials
+            .map(|partials| partials.clone().into_tensor_arg())
+            .into(),
         out.clone().into_tensor_arg(),
         rows as u32,
         d_in as u32,
@@ -226,6 +261,7 @@ pub fn fused_forward<R: CubeRuntime>(
         low_rank as u32,
         alpha,
         tiles_per_group as u32,
+        partials.map_or(1, |partials| partials.meta.shape()[0]) as u32,
         padded_rank as u32,
         bias.is_some(),
         out.dtype.into(),

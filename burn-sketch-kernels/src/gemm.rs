@@ -1,23 +1,31 @@
-//! The tiled product kernel: `out = α·(L₀·R₀ [+ L₁·R₁]) [+ bias]` over strided layouts.
+//! The tiled product kernel: `out = α·L·R [+ bias]` over strided layouts, up to three
+//! independent products in one launch.
 //!
-//! One kernel serves every product of the sketched layer that is not fused: the two-launch
-//! forward (`P = x·A`, then `y = P·B`), and all of the backward (`∂P`, `∂x`, `∂S1`, `∂S2`).
-//! The operands are read through [`layout`](crate::layout)s, so the Panther-layout factors
-//! and their transposes are used in place. The optional second product lets a sum such as
-//! `P₁·U1 + P₂·S2` accumulate in registers and write its output once.
+//! One kernel serves every product of the sketched layer that is not fused: the projection
+//! `P = x·A` of the forward, and all of the backward (`∂P` with `P` recomputed, then `∂x`,
+//! `∂S1`, `∂S2`). The operands are read through [`layout`](crate::layout)s, so the
+//! Panther-layout factors and their transposes are used in place, and at element offsets, so
+//! one half of a `[n, 2Tk]` matrix is read without a copy.
 //!
-//! Each cube computes a `TILE × TILE` block of the output, one element per unit, staging
-//! `TILE × TILE` tiles of both operands through shared memory in `f32` whatever the element
-//! type, so half-precision inputs accumulate in single precision. Edges are handled by
+//! Each cube computes a `TILE × TILE` block of one product's output, one element per unit,
+//! staging `TILE × TILE` tiles of both operands through shared memory in `f32` whatever the
+//! element type, so half-precision inputs accumulate in single precision. Edges are handled by
 //! zero-filled loads and guarded stores, so any shape works.
+//!
+//! **Grouped launches.** The backward's products do not depend on each other once `∂P` and
+//! `P` exist, and each alone is too small to fill a GPU (`xᵀ·∂P₁` is `d_in × Tk`). One launch
+//! of [`gemm_kernel()`] runs up to [`GROUP`] of them: the cubes are numbered in one sequence,
+//! the first product's tiles first, and each cube finds its product and tile from its number.
+//! A launch costs the device a fixed time whatever its size, so three products in one launch
+//! cost one launch, and the small products fill the device together.
 //!
 //! **Split depth.** Most products of the sketched layer are skinny: `x·S1` is `n × Tk` with a
 //! depth of `d_in`, so for `n = 256`, `k = 16` it has 16 output tiles, far too few cubes for a
 //! GPU, each walking thousands of depth steps in sequence. When the output has fewer tiles
-//! than the device has room for, [`split_count`] cuts the depth into slices: cube `z` sums
-//! slice `z` into an `f32` workspace `[splits, rows, cols]`, and [`reduce_splits_kernel()`] adds
-//! the slices, scales, adds the bias and writes the output in its layout. The extra traffic
-//! is `2 · splits · rows · cols` floats, small next to the operands for such shapes.
+//! than the device has room for, [`split_count`] cuts the depth into slices: cube `z` writes
+//! the raw sum over slice `z` into an `f32` workspace `[splits, rows, cols]`. Someone must add
+//! the slices: [`reduce_splits_kernel()`] (a second, small launch), or the consumer of the
+//! product itself, as the sketched forward's second launch does (see [`crate::fused`]).
 
 use burn_backend::{DType, Shape};
 use burn_cubecl::CubeRuntime;
@@ -30,11 +38,15 @@ use crate::layout::{Layout, offset};
 /// The side of an output tile, and of the cube (`TILE × TILE` units).
 pub const TILE: u32 = 16;
 
+/// The most products one launch of [`gemm_kernel()`] runs.
+pub const GROUP: usize = 3;
+
 /// How the right operand of a product is made of tensors. A compile-time argument of
 /// [`gemm_kernel()`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Concat {
     /// One tensor.
+    #[default]
     None,
     /// Two tensors side by side: columns from `concat_at` on come from the second
     /// (`[S1 | U2]`, the input-side factors of both halves).
@@ -44,8 +56,69 @@ pub enum Concat {
     Depth,
 }
 
-/// Returns `acc` plus this unit's output element of `lhs·rhs`, walking the shared depth in
-/// tiles. Every unit of the cube must call it (it synchronises the cube).
+/// The compile-time shape of one product in a launch of [`gemm_kernel()`]: its layouts, how
+/// its right operand is joined, and what it writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProductKind {
+    /// Layout of the left operand.
+    pub lhs: Layout,
+    /// Layout of the right operand (both tensors of a joined one).
+    pub rhs: Layout,
+    /// Layout the output is written in (ignored for partial sums, which are row-major).
+    pub out: Layout,
+    /// How the right operand is made of tensors.
+    pub concat: Concat,
+    /// Writes raw partial sums into an `f32` workspace `[splits, rows, cols]` rather than
+    /// `α·sum [+ bias]` into the output.
+    pub partial: bool,
+    /// Adds the launch's bias to each output row.
+    pub bias: bool,
+}
+
+impl Default for ProductKind {
+    fn default() -> Self {
+        Self {
+            lhs: Layout::RowMajor,
+            rhs: Layout::RowMajor,
+            out: Layout::RowMajor,
+            concat: Concat::None,
+            partial: false,
+            bias: false,
+        }
+    }
+}
+
+/// The run-time sizes of one product in a launch of [`gemm_kernel()`].
+#[derive(CubeLaunch, CubeType, Clone, Copy)]
+pub struct ProductArgs {
+    /// Rows of the logical output.
+    pub rows: u32,
+    /// Columns of the logical output.
+    pub cols: u32,
+    /// The shared (summed) dimension.
+    pub depth: u32,
+    /// The sketch size `k` that factor layouts split rank indices by.
+    pub low_rank: u32,
+    /// Scale of the sum of products.
+    pub alpha: f32,
+    /// Depth chunks (`TILE` deep) per slice.
+    pub chunks_per_split: u32,
+    /// Where the second tensor of a joined right operand starts.
+    pub concat_at: u32,
+    /// Column tiles of the output.
+    pub tiles_x: u32,
+    /// Output tiles (`tiles_x` times the row tiles).
+    pub tiles: u32,
+    /// The number of this product's first cube in the launch.
+    pub first_cube: u32,
+    /// Element offset where the left operand starts in its buffer.
+    pub lhs_base: u32,
+    /// Element offset where the right operand's first tensor starts in its buffer.
+    pub rhs_base: u32,
+}
+
+/// Returns `acc` plus this unit's output element `(row, col)` of `lhs·rhs`, walking the
+/// shared depth in tiles. Every unit of the cube must call it (it synchronises the cube).
 ///
 /// With `concat` set, the right operand is `rhs` and `rhs_tail` joined at `concat_at`, side
 /// by side ([`Concat::Cols`]) or one above the other ([`Concat::Depth`]).
@@ -55,58 +128,66 @@ fn accumulate_product<F: Float>(
     lhs: &Tensor<F>,
     rhs: &Tensor<F>,
     rhs_tail: &Tensor<F>,
-    concat_at: usize,
+    args: &ProductArgs,
     lhs_tile: &mut SharedMemory<f32>,
     rhs_tile: &mut SharedMemory<f32>,
-    acc: f32,
-    rows: usize,
-    cols: usize,
-    depth: usize,
-    low_rank: usize,
+    row: usize,
+    col: usize,
     first_chunk: usize,
     end_chunk: usize,
-    #[comptime] lhs_layout: Layout,
-    #[comptime] rhs_layout: Layout,
-    #[comptime] concat: Concat,
+    #[comptime] kind: ProductKind,
 ) -> f32 {
     let tile = comptime!(TILE as usize);
     let tx = UNIT_POS_X as usize;
     let ty = UNIT_POS_Y as usize;
-    let row = CUBE_POS_Y as usize * tile + ty;
-    let col = CUBE_POS_X as usize * tile + tx;
-    let mut sum = acc;
+    let rows = args.rows as usize;
+    let cols = args.cols as usize;
+    let depth = args.depth as usize;
+    let low_rank = args.low_rank as usize;
+    let concat_at = args.concat_at as usize;
+    let lhs_base = args.lhs_base as usize;
+    let rhs_base = args.rhs_base as usize;
+    let mut sum = 0.0f32;
 
     for chunk in first_chunk..end_chunk {
         let base = chunk * tile;
         let mut l = 0.0f32;
         if row < rows && base + tx < depth {
-            l = f32::cast_from(lhs[offset::<F>(lhs, row, base + tx, low_rank, lhs_layout)]);
+            l = f32::cast_from(
+                lhs[lhs_base + offset::<F>(lhs, row, base + tx, low_rank, kind.lhs)],
+            );
         }
         lhs_tile[ty * tile + tx] = l;
         let mut r = 0.0f32;
         let d = base + ty;
         if d < depth && col < cols {
-            match concat {
+            match kind.concat {
                 Concat::None => {
-                    r = f32::cast_from(rhs[offset::<F>(rhs, d, col, low_rank, rhs_layout)]);
+                    r = f32::cast_from(
+                        rhs[rhs_base + offset::<F>(rhs, d, col, low_rank, kind.rhs)],
+                    );
                 }
                 Concat::Cols => {
                     if col < concat_at {
-                        r = f32::cast_from(rhs[offset::<F>(rhs, d, col, low_rank, rhs_layout)]);
+                        r = f32::cast_from(
+                            rhs[rhs_base + offset::<F>(rhs, d, col, low_rank, kind.rhs)],
+                        );
                     } else {
                         let c = col - concat_at;
                         r = f32::cast_from(
-                            rhs_tail[offset::<F>(rhs_tail, d, c, low_rank, rhs_layout)],
+                            rhs_tail[offset::<F>(rhs_tail, d, c, low_rank, kind.rhs)],
                         );
                     }
                 }
                 Concat::Depth => {
                     if d < concat_at {
-                        r = f32::cast_from(rhs[offset::<F>(rhs, d, col, low_rank, rhs_layout)]);
+                        r = f32::cast_from(
+                            rhs[rhs_base + offset::<F>(rhs, d, col, low_rank, kind.rhs)],
+                        );
                     } else {
                         let e = d - concat_at;
                         r = f32::cast_from(
-                            rhs_tail[offset::<F>(rhs_tail, e, col, low_rank, rhs_layout)],
+                            rhs_tail[offset::<F>(rhs_tail, e, col, low_rank, kind.rhs)],
                         );
                     }
                 }
@@ -122,6 +203,63 @@ fn accumulate_product<F: Float>(
         sync_cube();
     }
     sum
+}
+
+/// One cube's share of one product: output tile and depth slice `local` (counted from the
+/// product's first cube), written as the product's kind says.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn run_product<F: Float, O: Float>(
+    lhs: &Tensor<F>,
+    rhs: &Tensor<F>,
+    rhs_tail: &Tensor<F>,
+    bias: &Tensor<F>,
+    out: &mut Tensor<O>,
+    args: &ProductArgs,
+    local: usize,
+    lhs_tile: &mut SharedMemory<f32>,
+    rhs_tile: &mut SharedMemory<f32>,
+    #[comptime] kind: ProductKind,
+) {
+    let tile = comptime!(TILE as usize);
+    let tiles = args.tiles as usize;
+    let tiles_x = args.tiles_x as usize;
+    let slice = local / tiles;
+    let within = local % tiles;
+    let row = (within / tiles_x) * tile + UNIT_POS_Y as usize;
+    let col = (within % tiles_x) * tile + UNIT_POS_X as usize;
+    let rows = args.rows as usize;
+    let cols = args.cols as usize;
+
+    let depth_chunks = (args.depth as usize).div_ceil(tile);
+    let first_chunk = slice * args.chunks_per_split as usize;
+    let mut end_chunk = first_chunk + args.chunks_per_split as usize;
+    if end_chunk > depth_chunks {
+        end_chunk = depth_chunks;
+    }
+    let acc = accumulate_product::<F>(
+        lhs,
+        rhs,
+        rhs_tail,
+        args,
+        lhs_tile,
+        rhs_tile,
+        row,
+        col,
+        first_chunk,
+        end_chunk,
+        kind,
+    );
+
+    if row < rows && col < cols {
+        if comptime!(kind.partial) {
+            out[(slice * rows + row) * cols + col] = O::cast_from(acc);
+        } else {
+            let value = scale_and_bias::<F>(acc, args.alpha, bias, col, kind.bias);
+            let low_rank = args.low_rank as usize;
+            out[offset::<O>(out, row, col, low_rank, kind.out)] = O::cast_from(value);
+        }
+    }
 }
 
 /// `α·acc + bias[col]`: the last step of an output element, whether its sum was made in one
@@ -141,133 +279,194 @@ fn scale_and_bias<F: Float>(
     value
 }
 
-/// The kernel body; see the module documentation. Launched by [`gemm`].
+/// The kernel body; see the module documentation. Launched by [`launch_group`].
 ///
-/// Cube `(x, y, z)` computes output tile `(y, x)` over depth chunks
-/// `[z·chunks_per_split, (z+1)·chunks_per_split)`. Without `split` there is one slice and
-/// the cube writes `α·acc + bias` in `out_layout` (`O` is the element type); with `split` it
-/// writes its raw partial sum to slice `z` of a row-major `f32` workspace (`O` is `f32`).
+/// Product `i` has operands `lhs_i`, `rhs_i` (and `tail_i` when its kind joins two tensors),
+/// output `out_i`, sizes `args_i` and compile-time shape `kind_i`. Products 1 and 2 are absent
+/// when their outputs are. Cube number `c` belongs to the last product whose first cube is at
+/// most `c`; cubes past the last product's tiles do nothing. `O` is the outputs' element type:
+/// `f32` when the products write partial sums.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_kernel<F: Float, O: Float>(
     lhs0: &Tensor<F>,
     rhs0: &Tensor<F>,
+    tail0: &Tensor<F>,
+    out0: &mut Tensor<O>,
+    args0: ProductArgs,
     lhs1: &Tensor<F>,
     rhs1: &Tensor<F>,
+    tail1: &Tensor<F>,
+    out1: &mut ComptimeOption<Tensor<O>>,
+    args1: ProductArgs,
+    lhs2: &Tensor<F>,
+    rhs2: &Tensor<F>,
+    tail2: &Tensor<F>,
+    out2: &mut ComptimeOption<Tensor<O>>,
+    args2: ProductArgs,
     bias: &Tensor<F>,
-    out: &mut Tensor<O>,
-    rows: u32,
-    cols: u32,
-    depth: u32,
-    low_rank: u32,
-    alpha: f32,
-    chunks_per_split: u32,
-    concat_at: u32,
-    #[comptime] lhs_layout: Layout,
-    #[comptime] rhs_layout: Layout,
-    #[comptime] out_layout: Layout,
-    #[comptime] concat: Concat,
-    #[comptime] two_products: bool,
-    #[comptime] has_bias: bool,
-    #[comptime] split: bool,
+    #[comptime] kind0: ProductKind,
+    #[comptime] kind1: ProductKind,
+    #[comptime] kind2: ProductKind,
     #[define(F, O)] _dtypes: [StorageType; 2],
 ) {
     let tile = comptime!(TILE as usize);
-    let rows = rows as usize;
-    let cols = cols as usize;
-    let depth = depth as usize;
-    let low_rank = low_rank as usize;
     let mut lhs_tile = SharedMemory::<f32>::new(tile * tile);
     let mut rhs_tile = SharedMemory::<f32>::new(tile * tile);
+    let cube = CUBE_POS;
 
-    let first_chunk = CUBE_POS_Z as usize * chunks_per_split as usize;
-    let mut end_chunk = first_chunk + chunks_per_split as usize;
-    if end_chunk > depth.div_ceil(tile) {
-        end_chunk = depth.div_ceil(tile);
+    // A cube runs the product whose cubes it falls in, the last whose first cube it is past:
+    // the whole cube takes one branch, so the cube-wide syncs inside stay uniform.
+    let mut claimed = false;
+    #[comptime]
+    if let ComptimeOption::Some(out) = out2 {
+        if cube >= args2.first_cube as usize {
+            claimed = true;
+            run_if_inside::<F, O>(
+                lhs2,
+                rhs2,
+                tail2,
+                bias,
+                out,
+                &args2,
+                cube,
+                &mut lhs_tile,
+                &mut rhs_tile,
+                kind2,
+            );
+        }
     }
-
-    let mut acc = accumulate_product::<F>(
-        lhs0,
-        rhs0,
-        rhs1,
-        concat_at as usize,
-        &mut lhs_tile,
-        &mut rhs_tile,
-        0.0f32,
-        rows,
-        cols,
-        depth,
-        low_rank,
-        first_chunk,
-        end_chunk,
-        lhs_layout,
-        rhs_layout,
-        concat,
-    );
-    if comptime!(two_products) {
-        let single = comptime!(Concat::None);
-        acc = accumulate_product::<F>(
-            lhs1,
-            rhs1,
-            rhs1,
-            0usize,
+    #[comptime]
+    if let ComptimeOption::Some(out) = out1 {
+        if !claimed && cube >= args1.first_cube as usize {
+            claimed = true;
+            run_if_inside::<F, O>(
+                lhs1,
+                rhs1,
+                tail1,
+                bias,
+                out,
+                &args1,
+                cube,
+                &mut lhs_tile,
+                &mut rhs_tile,
+                kind1,
+            );
+        }
+    }
+    if !claimed {
+        run_if_inside::<F, O>(
+            lhs0,
+            rhs0,
+            tail0,
+            bias,
+            out0,
+            &args0,
+            cube,
             &mut lhs_tile,
             &mut rhs_tile,
-            acc,
-            rows,
-            cols,
-            depth,
-            low_rank,
-            first_chunk,
-            end_chunk,
-            lhs_layout,
-            rhs_layout,
-            single,
+            kind0,
         );
-    }
-
-    let row = CUBE_POS_Y as usize * tile + UNIT_POS_Y as usize;
-    let col = CUBE_POS_X as usize * tile + UNIT_POS_X as usize;
-    if row < rows && col < cols {
-        if comptime!(split) {
-            out[(CUBE_POS_Z as usize * rows + row) * cols + col] = O::cast_from(acc);
-        } else {
-            let value = scale_and_bias::<F>(acc, alpha, bias, col, has_bias);
-            out[offset::<O>(out, row, col, low_rank, out_layout)] = O::cast_from(value);
-        }
     }
 }
 
-/// Sums the `splits` slices of a [`gemm_kernel()`] workspace (`[splits, rows, cols]`, `f32`),
-/// scales by `α`, adds the bias and writes the output in `out_layout`: one unit per output
-/// element.
+/// [`run_product`] for cube `cube` of the launch if it is one of this product's cubes (a
+/// grid rounded up to whole rows of cubes has a few spare ones at the end).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn run_if_inside<F: Float, O: Float>(
+    lhs: &Tensor<F>,
+    rhs: &Tensor<F>,
+    tail: &Tensor<F>,
+    bias: &Tensor<F>,
+    out: &mut Tensor<O>,
+    args: &ProductArgs,
+    cube: usize,
+    lhs_tile: &mut SharedMemory<f32>,
+    rhs_tile: &mut SharedMemory<f32>,
+    #[comptime] kind: ProductKind,
+) {
+    let local = cube - args.first_cube as usize;
+    if local < (args.tiles * splits_of(args)) as usize {
+        run_product::<F, O>(
+            lhs, rhs, tail, bias, out, args, local, lhs_tile, rhs_tile, kind,
+        );
+    }
+}
+
+/// The number of depth slices of a product: its depth chunks over the chunks per slice.
+#[cube]
+fn splits_of(args: &ProductArgs) -> u32 {
+    let chunks = args.depth.div_ceil(TILE).max(1);
+    chunks.div_ceil(args.chunks_per_split)
+}
+
+/// The run-time sizes of one slab of a [`reduce_splits_kernel()`] launch.
+#[derive(CubeLaunch, CubeType, Clone, Copy)]
+pub struct SlabArgs {
+    /// Rows of the output.
+    pub rows: u32,
+    /// Columns of the output.
+    pub cols: u32,
+    /// Slices to add.
+    pub splits: u32,
+    /// The sketch size `k` that factor layouts split rank indices by.
+    pub low_rank: u32,
+    /// Scale of the sum.
+    pub alpha: f32,
+}
+
+/// Adds the slices of one or two [`gemm_kernel()`] workspaces (`[splits, rows, cols]`,
+/// `f32`), scales each sum by its `α`, adds the bias (first slab only) and writes the
+/// outputs in `out_layout`: one unit per output element, the first slab's elements first.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn reduce_splits_kernel<F: Float>(
-    partials: &Tensor<f32>,
-    bias: &Tensor<F>,
-    out: &mut Tensor<F>,
-    rows: u32,
-    cols: u32,
-    splits: u32,
-    low_rank: u32,
-    alpha: f32,
+    partials0: &Tensor<f32>,
+    out0: &mut Tensor<F>,
+    args0: SlabArgs,
+    partials1: &ComptimeOption<Tensor<f32>>,
+    out1: &mut ComptimeOption<Tensor<F>>,
+    args1: SlabArgs,
+    bias: &ComptimeOption<Tensor<F>>,
     #[comptime] out_layout: Layout,
-    #[comptime] has_bias: bool,
     #[define(F)] _dtype: StorageType,
 ) {
-    let rows = rows as usize;
-    let cols = cols as usize;
     let index = ABSOLUTE_POS;
-    if index < rows * cols {
-        let row = index / cols;
-        let col = index % cols;
+    let first = (args0.rows * args0.cols) as usize;
+    if index < first {
+        let cols = args0.cols as usize;
         let mut sum = 0.0f32;
-        for s in 0..splits as usize {
-            sum += partials[s * rows * cols + index];
+        for s in 0..args0.splits as usize {
+            sum += partials0[s * first + index];
         }
-        let value = scale_and_bias::<F>(sum, alpha, bias, col, has_bias);
-        out[offset::<F>(out, row, col, low_rank as usize, out_layout)] = F::cast_from(value);
+        let col = index % cols;
+        let mut value = args0.alpha * sum;
+        #[comptime]
+        if let ComptimeOption::Some(bias) = bias {
+            value += f32::cast_from(bias[col * bias.stride(0)]);
+        }
+        let at = offset::<F>(out0, index / cols, col, args0.low_rank as usize, out_layout);
+        out0[at] = F::cast_from(value);
+    } else {
+        #[comptime]
+        if let ComptimeOption::Some(partials) = partials1 {
+            #[comptime]
+            if let ComptimeOption::Some(out) = out1 {
+                let elements = (args1.rows * args1.cols) as usize;
+                let index = index - first;
+                if index < elements {
+                    let cols = args1.cols as usize;
+                    let mut sum = 0.0f32;
+                    for s in 0..args1.splits as usize {
+                        sum += partials[s * elements + index];
+                    }
+                    let low_rank = args1.low_rank as usize;
+                    let at = offset::<F>(out, index / cols, index % cols, low_rank, out_layout);
+                    out[at] = F::cast_from(args1.alpha * sum);
+                }
+            }
+        }
     }
 }
 
@@ -301,13 +500,13 @@ pub fn split_count<R: CubeRuntime>(
     target.div_ceil(tiles).min(depth / MIN_SPLIT_DEPTH).max(1)
 }
 
-/// The shape and layouts of one [`gemm`] launch; build it with [`GemmProblem::new`] and the
-/// `with_*` methods.
+/// The shape and layouts of one product; build it with [`GemmProblem::new`] and the `with_*`
+/// methods.
 #[derive(Debug, Clone, Copy)]
 pub struct GemmProblem {
-    /// Rows of the logical output (and of each left operand).
+    /// Rows of the logical output (and of the left operand).
     pub rows: usize,
-    /// Columns of the logical output (and of each right operand).
+    /// Columns of the logical output (and of the right operand).
     pub cols: usize,
     /// The shared (summed) dimension.
     pub depth: usize,
@@ -315,12 +514,15 @@ pub struct GemmProblem {
     pub low_rank: usize,
     /// Scale applied to the sum of products, before the bias.
     pub alpha: f32,
-    /// Layout of the left operands.
+    /// Layout of the left operand.
     pub lhs_layout: Layout,
-    /// Layout of the right operands.
+    /// Layout of the right operand.
     pub rhs_layout: Layout,
     /// Layout the output is written in.
     pub out_layout: Layout,
+    /// Element offsets where the left and right operands start in their buffers (`(0, 0)`:
+    /// at the start). An offset into a row-major `[n, 2Tk]` matrix reads one of its halves.
+    pub offsets: (usize, usize),
     /// Slices the depth is cut into (see the module documentation): `None` lets
     /// [`split_count`] choose for the device, `Some(1)` is no split.
     pub splits: Option<usize>,
@@ -339,6 +541,7 @@ impl GemmProblem {
             lhs_layout: Layout::RowMajor,
             rhs_layout: Layout::RowMajor,
             out_layout: Layout::RowMajor,
+            offsets: (0, 0),
             splits: None,
         }
     }
@@ -363,142 +566,263 @@ impl GemmProblem {
         self
     }
 
+    /// Reads the left operand from element `lhs` of its buffer and the right from `rhs`.
+    pub fn with_offsets(mut self, lhs: usize, rhs: usize) -> Self {
+        self.offsets = (lhs, rhs);
+        self
+    }
+
     /// Cuts the depth into `splits` slices (`1`: no split) instead of the device's choice.
     pub fn with_splits(mut self, splits: usize) -> Self {
         self.splits = Some(splits);
         self
     }
+
+    /// `(chunks per slice, slices)` on `client`: equal whole-chunk slices, so rounding may
+    /// leave fewer slices than asked for.
+    pub fn slices<R: CubeRuntime>(&self, client: &ComputeClient<R>) -> (usize, usize) {
+        let chunks = self.depth.div_ceil(TILE as usize).max(1);
+        let wanted = self
+            .splits
+            .unwrap_or_else(|| split_count(client, self.rows, self.cols, self.depth));
+        let per_split = chunks.div_ceil(wanted.clamp(1, chunks));
+        (per_split, chunks.div_ceil(per_split))
+    }
 }
 
-/// Launches [`gemm_kernel()`] (and, when `problem.splits > 1`, [`reduce_splits_kernel()`]):
-/// writes `α·(first.0·first.1 [+ second.0·second.1]) [+ bias]` into `out`, which the caller
-/// allocates with a shape matching `problem.out_layout`.
+/// One product of a grouped launch: the problem, its operands and where it writes.
+#[derive(Debug)]
+pub struct Product<'a, R: CubeRuntime> {
+    /// Sizes, layouts, scale, offsets and split.
+    pub problem: GemmProblem,
+    /// The left operand.
+    pub lhs: &'a CubeTensor<R>,
+    /// The right operand, or its first tensor when `tail` joins a second.
+    pub rhs: &'a CubeTensor<R>,
+    /// A second right-hand tensor, how it is joined, and where (see [`Concat`]).
+    pub tail: Option<(&'a CubeTensor<R>, Concat, usize)>,
+    /// Where it writes: the output in `problem.out_layout`, or, for a product whose depth is
+    /// split, an `f32` workspace `[splits, rows, cols]` of raw partial sums.
+    pub out: &'a CubeTensor<R>,
+}
+
+impl<R: CubeRuntime> Product<'_, R> {
+    /// How many depth slices this product has on its device.
+    pub fn splits(&self) -> usize {
+        self.problem.slices(&self.out.client).1
+    }
+}
+
+/// Launches [`gemm_kernel()`] for up to [`GROUP`] products at once, with `bias` added to the
+/// outputs of those whose `bias` flag is set. With `partial`, every product writes the raw
+/// partial sums of its depth slices into its `out`, an `f32` workspace `[splits, rows, cols]`
+/// (see [`workspace`]; one slice for a product that is not split); without, every product
+/// writes `α·sum [+ bias]` in its output layout and element type, and must not be split.
 ///
-/// All tensors must share a client and element type; the caller (this crate's
+/// All tensors must share a client and the operands an element type; the caller (this crate's
 /// [`sketch`](crate::sketch) module) guarantees both.
-pub fn gemm<R: CubeRuntime>(
-    problem: &GemmProblem,
-    first: (&CubeTensor<R>, &CubeTensor<R>),
-    second: Option<(&CubeTensor<R>, &CubeTensor<R>)>,
-    bias: Option<&CubeTensor<R>>,
-    out: &CubeTensor<R>,
+///
+/// # Panics
+/// If `products` is empty or longer than [`GROUP`], or a product is split without `partial`.
+pub fn launch_group<R: CubeRuntime>(
+    products: &[Product<'_, R>],
+    bias: Option<(&CubeTensor<R>, [bool; GROUP])>,
+    partial: bool,
 ) {
-    // Absent operands are bound to a tensor that is already an argument: the kernel never
-    // reads them (their use is compiled out), and no placeholder buffer is allocated.
-    let (lhs1, rhs1) = second.unwrap_or(first);
-    launch(
-        problem,
-        [first.0, first.1, lhs1, rhs1],
-        second.is_some(),
-        (Concat::None, 0),
-        bias,
-        out,
+    assert!(
+        (1..=GROUP).contains(&products.len()),
+        "a launch runs 1 to {GROUP} products, not {}",
+        products.len()
     );
-}
-
-/// Like [`gemm`] with one product whose right operand is two tensors joined at `at`:
-/// `concat` is [`Concat::Cols`] (`[head | tail]`, `at` columns of `head`) or
-/// [`Concat::Depth`] (`[head; tail]`, `at` depth rows of `head`). Both are read in
-/// `problem.rhs_layout`, in place: this is how `x·[S1 | U2]` and `P·[U1; S2]` run as one
-/// launch each without copying the factors into a packed matrix. [`Concat::None`] reads
-/// `head` alone, as [`gemm`] does.
-pub fn gemm_concat<R: CubeRuntime>(
-    problem: &GemmProblem,
-    lhs: &CubeTensor<R>,
-    (head, tail): (&CubeTensor<R>, &CubeTensor<R>),
-    (concat, at): (Concat, usize),
-    bias: Option<&CubeTensor<R>>,
-    out: &CubeTensor<R>,
-) {
-    launch(
-        problem,
-        [lhs, head, lhs, tail],
-        false,
-        (concat, at),
-        bias,
-        out,
-    );
-}
-
-fn launch<R: CubeRuntime>(
-    problem: &GemmProblem,
-    [lhs0, rhs0, lhs1, rhs1]: [&CubeTensor<R>; 4],
-    two_products: bool,
-    (concat, concat_at): (Concat, usize),
-    bias: Option<&CubeTensor<R>>,
-    out: &CubeTensor<R>,
-) {
+    let client = &products[0].out.client;
     let tile = TILE as usize;
-    let tiles = |size: usize| size.div_ceil(tile).max(1) as u32;
-    let depth_chunks = problem.depth.div_ceil(tile).max(1);
-    // Equal whole-chunk slices; rounding may leave fewer slices than asked for.
-    let wanted = problem
-        .splits
-        .unwrap_or_else(|| split_count(&out.client, problem.rows, problem.cols, problem.depth));
-    let chunks_per_split = depth_chunks.div_ceil(wanted.clamp(1, depth_chunks));
-    let splits = depth_chunks.div_ceil(chunks_per_split);
-    let cube_count = CubeCount::Static(tiles(problem.cols), tiles(problem.rows), splits as u32);
+    let mut first_cube = 0usize;
+    let mut kinds = [ProductKind::default(); GROUP];
+    let mut layout = [(0usize, 0usize); GROUP];
+    for (index, product) in products.iter().enumerate() {
+        let problem = &product.problem;
+        let (_, splits) = problem.slices(client);
+        assert!(
+            partial || splits == 1,
+            "a product whose depth is split writes partial sums"
+        );
+        kinds[index] = ProductKind {
+            lhs: problem.lhs_layout,
+            rhs: problem.rhs_layout,
+            out: problem.out_layout,
+            concat: product.tail.map_or(Concat::None, |(_, concat, _)| concat),
+            partial,
+            bias: bias.is_some_and(|(_, flags)| flags[index]),
+        };
+        let tiles = problem.cols.div_ceil(tile).max(1) * problem.rows.div_ceil(tile).max(1);
+        layout[index] = (first_cube, tiles);
+        first_cube += tiles * splits;
+    }
+    let args = |index: usize| {
+        let product = &products[index];
+        let problem = &product.problem;
+        let (first, tiles) = layout[index];
+        ProductArgsLaunch::new(
+            problem.rows as u32,
+            problem.cols as u32,
+            problem.depth as u32,
+            problem.low_rank as u32,
+            problem.alpha,
+            problem.slices(client).0 as u32,
+            product.tail.map_or(0, |(_, _, at)| at) as u32,
+            problem.cols.div_ceil(tile).max(1) as u32,
+            tiles as u32,
+            first as u32,
+            problem.offsets.0 as u32,
+            problem.offsets.1 as u32,
+        )
+    };
+    // An absent product's operands are bound to tensors that are already arguments, and its
+    // sizes are the first product's: its output is absent, so the kernel compiles it out.
+    let slot = |index: usize| {
+        let present = index < products.len();
+        let at = if present { index } else { 0 };
+        (args(at), &products[at], present)
+    };
+    let [(args0, p0, _), (args1, p1, has1), (args2, p2, has2)] = [slot(0), slot(1), slot(2)];
+    let operand = |tensor: &CubeTensor<R>| tensor.clone().into_tensor_arg();
+    let tail = |product: &Product<'_, R>| operand(product.tail.map_or(product.rhs, |(t, _, _)| t));
+    let optional = |product: &Product<'_, R>, present: bool| {
+        present
+            .then(|| product.out.clone().into_tensor_arg())
+            .into()
+    };
+    let bias_arg = bias.map_or(products[0].lhs, |(bias, _)| bias);
+
+    let max_x = client.properties().hardware.max_cube_count.0.max(1) as usize;
+    let cube_count = CubeCount::Static(
+        first_cube.min(max_x) as u32,
+        first_cube.div_ceil(max_x) as u32,
+        1,
+    );
     let cube_dim = CubeDim {
         x: TILE,
         y: TILE,
         z: 1,
     };
-    let bias_arg = bias.unwrap_or(lhs0);
-    let workspace = (splits > 1).then(|| {
-        empty_device_contiguous_dtype(
-            out.client.clone(),
-            out.device.clone(),
-            Shape::new([splits, problem.rows, problem.cols]),
-            DType::F32,
-        )
-    });
-    let target = workspace.as_ref().unwrap_or(out);
-
     gemm_kernel::launch::<R>(
-        &out.client,
+        client,
         cube_count,
         cube_dim,
-        lhs0.clone().into_tensor_arg(),
-        rhs0.clone().into_tensor_arg(),
-        lhs1.clone().into_tensor_arg(),
-        rhs1.clone().into_tensor_arg(),
-        bias_arg.clone().into_tensor_arg(),
-        target.clone().into_tensor_arg(),
-        problem.rows as u32,
-        problem.cols as u32,
-        problem.depth as u32,
-        problem.low_rank as u32,
-        problem.alpha,
-        chunks_per_split as u32,
-        concat_at as u32,
-        problem.lhs_layout,
-        problem.rhs_layout,
-        problem.out_layout,
-        concat,
-        two_products,
-        bias.is_some(),
-        workspace.is_some(),
-        [lhs0.dtype.into(), target.dtype.into()],
+        operand(p0.lhs),
+        operand(p0.rhs),
+        tail(p0),
+        operand(p0.out),
+        args0,
+        operand(p1.lhs),
+        operand(p1.rhs),
+        tail(p1),
+        optional(p1, has1),
+        args1,
+        operand(p2.lhs),
+        operand(p2.rhs),
+        tail(p2),
+        optional(p2, has2),
+        args2,
+        operand(bias_arg),
+        kinds[0],
+        kinds[1],
+        kinds[2],
+        [p0.lhs.dtype.into(), p0.out.dtype.into()],
     );
+}
 
-    if let Some(workspace) = workspace {
-        let elements = problem.rows * problem.cols;
-        let cube_dim = CubeDim { x: 256, y: 1, z: 1 };
-        reduce_splits_kernel::launch::<R>(
-            &out.client,
-            CubeCount::Static(elements.div_ceil(256) as u32, 1, 1),
-            cube_dim,
-            workspace.into_tensor_arg(),
-            bias_arg.clone().into_tensor_arg(),
-            out.clone().into_tensor_arg(),
+/// Launches [`reduce_splits_kernel()`]: adds the slices of `partials.0` (`[splits, rows,
+/// cols]`, `f32`, from a product described by `first.0`) into `first.1`, scaled and with
+/// `bias`, and those of the optional second workspace into its output the same way.
+pub fn reduce_splits<R: CubeRuntime>(
+    first: (&GemmProblem, &CubeTensor<R>, &CubeTensor<R>),
+    second: Option<(&GemmProblem, &CubeTensor<R>, &CubeTensor<R>)>,
+    bias: Option<&CubeTensor<R>>,
+) {
+    let (problem, partials, out) = first;
+    let client = &out.client;
+    let slab = |problem: &GemmProblem| {
+        SlabArgsLaunch::new(
             problem.rows as u32,
             problem.cols as u32,
-            splits as u32,
+            problem.slices(client).1 as u32,
             problem.low_rank as u32,
             problem.alpha,
-            problem.out_layout,
-            bias.is_some(),
-            out.dtype.into(),
-        );
+        )
+    };
+    let elements = problem.rows * problem.cols
+        + second.map_or(0, |(problem, _, _)| problem.rows * problem.cols);
+    let cube_dim = CubeDim { x: 256, y: 1, z: 1 };
+    reduce_splits_kernel::launch::<R>(
+        client,
+        CubeCount::Static(elements.div_ceil(256) as u32, 1, 1),
+        cube_dim,
+        partials.clone().into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        slab(problem),
+        second
+            .map(|(_, partials, _)| partials.clone().into_tensor_arg())
+            .into(),
+        second
+            .map(|(_, _, out)| out.clone().into_tensor_arg())
+            .into(),
+        slab(second.map_or(problem, |(problem, _, _)| problem)),
+        bias.map(|bias| bias.clone().into_tensor_arg()).into(),
+        problem.out_layout,
+        out.dtype.into(),
+    );
+}
+
+/// An `f32` workspace for the partial sums of `problem` on `like`'s device.
+pub fn workspace<R: CubeRuntime>(like: &CubeTensor<R>, problem: &GemmProblem) -> CubeTensor<R> {
+    let splits = problem.slices(&like.client).1;
+    empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::new([splits, problem.rows, problem.cols]),
+        DType::F32,
+    )
+}
+
+/// One product on its own: writes `α·lhs·rhs [+ bias]` into `out` (allocated by the caller
+/// in `problem.out_layout`), through a workspace and [`reduce_splits_kernel()`] when its
+/// depth is split.
+pub fn gemm<R: CubeRuntime>(
+    problem: &GemmProblem,
+    (lhs, rhs): (&CubeTensor<R>, &CubeTensor<R>),
+    bias: Option<&CubeTensor<R>>,
+    out: &CubeTensor<R>,
+) {
+    gemm_concat(problem, lhs, (rhs, None), bias, out);
+}
+
+/// Like [`gemm`] with a right operand that may be two tensors joined at `at`: `concat` is
+/// [`Concat::Cols`] (`[head | tail]`, `at` columns of `head`) or [`Concat::Depth`]
+/// (`[head; tail]`, `at` depth rows of `head`). Both are read in `problem.rhs_layout`, in
+/// place: this is how `x·[S1 | U2]` and `P·[U1; S2]` run without copying the factors into a
+/// packed matrix.
+pub fn gemm_concat<R: CubeRuntime>(
+    problem: &GemmProblem,
+    lhs: &CubeTensor<R>,
+    (head, tail): (&CubeTensor<R>, Option<(&CubeTensor<R>, Concat, usize)>),
+    bias: Option<&CubeTensor<R>>,
+    out: &CubeTensor<R>,
+) {
+    let mut product = Product {
+        problem: *problem,
+        lhs,
+        rhs: head,
+        tail,
+        out,
+    };
+    let bias_flags = bias.map(|bias| (bias, [true, false, false]));
+    if product.splits() > 1 {
+        let partials = workspace(out, problem);
+        product.out = &partials;
+        launch_group(&[product], None, true);
+        reduce_splits((problem, &partials, out), None, bias);
+    } else {
+        launch_group(&[product], bias_flags, false);
     }
 }

@@ -3,26 +3,29 @@
 //!
 //! With `A = [S1 | U2]`, `B = [U1; S2]`, `α = 1/(2T)` and `P = x·A = [P₁ | P₂]`:
 //!
-//! | output | computed as | kernel |
+//! | launch | computes | kernel |
 //! |---|---|---|
-//! | `y` | `α·P·B + bias` | fused (one launch), or `P` then `y` ([`gemm_concat`], two) |
-//! | `∂P_h` | `α·∂y·B_hᵀ` | [`gemm`] |
-//! | `∂x` | `∂P₁·S1ᵀ + ∂P₂·U2ᵀ` | one [`gemm`] with two products |
-//! | `∂S1`, `∂U2` | `xᵀ·∂P₁`, `xᵀ·∂P₂` | [`gemm`], written in `[T, d_in, k]` |
-//! | `∂S2`, `∂U1` | `α·P₂ᵀ·∂y`, `α·P₁ᵀ·∂y` | [`gemm`], written in `[T, k, d_out]` |
+//! | forward | `y = α·P·B + bias` | fused, `P` on chip (one launch); or `P`'s depth split, then fused from the slices (two); or, for ranks too wide for shared memory, `P` then `y` ([`gemm`](crate::gemm::gemm_concat), two or three) |
+//! | backward 1 | `∂P = α·∂y·Bᵀ` and `P = x·A` (recomputed), the halves the wanted gradients read | one grouped [`gemm_kernel()`](crate::gemm::gemm_kernel) |
+//! | backward 2 | the slices of both, when either product's depth is split | one [`reduce_splits_kernel()`](crate::gemm::reduce_splits_kernel) |
+//! | backward 3 | `∂x = ∂P·Aᵀ`, `∂S1 = xᵀ·∂P₁`, `∂U2 = xᵀ·∂P₂`, `∂S2 = α·P₂ᵀ·∂y`, `∂U1 = α·P₁ᵀ·∂y`, as wanted | grouped [`gemm_kernel()`](crate::gemm::gemm_kernel), [`GROUP`] products per launch |
 //!
-//! Every [`gemm`] whose output is too small to fill the device splits its depth across cubes
-//! and adds the slices in a second, small launch (see [`crate::gemm`]); in this layer that is
-//! the projections `x·A`, `∂y·B_hᵀ` and `x·U2` for modest batches.
+//! So a training step of `SkLinear` (`∂x`, `∂S1`, `∂S2`; the sketches are fixed) is two
+//! launches forward and at most three backward, whatever its shape up to the fused kernel's
+//! rank limit; the bias gradient, a column sum, is the backend's own reduction.
+//!
+//! The third backward launch does not split its depth (the batch): its products run
+//! together, and together they have tiles enough to fill the device for the shapes this
+//! layer is for. The first does, where its products are skinny (`n × Tk` over `d`), and its
+//! slices are added once, by the second launch, because the third reads `∂P` and `P` from
+//! many cubes.
 //!
 //! `A` and `B` are in the packed order `burn_sketch::SketchWeights` documents (blocks:
 //! `A = [S1_1 … S1_T | U2_1 … U2_T]`), read in place through [`Layout`]s, never packed.
 //!
-//! The backward needs only `x` and the factors: `P₁`/`P₂` are recomputed (two skinny
-//! products) instead of being kept from the forward, which is what lets the layer store
-//! nothing but its input for training. `∂x` goes through the materialised `∂P` rather than a
-//! fused kernel because `∂S1` needs `∂P₁` anyway. The bias gradient, a column sum, is left to
-//! the backend's own reduction.
+//! The backward needs only `x` and the factors: `P` is recomputed (a skinny product) instead
+//! of being kept from the forward, which is what lets the layer store nothing but its input
+//! for training.
 
 use burn_backend::{DType, Shape};
 use burn_cubecl::CubeRuntime;
@@ -31,7 +34,10 @@ use burn_cubecl::tensor::CubeTensor;
 
 use crate::KernelError;
 use crate::fused::{MAX_FUSED_RANK, fused_forward};
-use crate::gemm::{Concat, GemmProblem, TILE, gemm, gemm_concat, split_count};
+use crate::gemm::{
+    Concat, GROUP, GemmProblem, Product, TILE, gemm_concat, launch_group, reduce_splits,
+    split_count, workspace,
+};
 use crate::layout::Layout;
 
 /// The four factors of a sketched layer on a CubeCL device, in Panther's layouts: the
@@ -217,7 +223,7 @@ pub struct SketchGradients<R: CubeRuntime> {
     pub u2s: Option<CubeTensor<R>>,
 }
 
-/// Which forward kernel [`forward`] uses for a shape on a device.
+/// Which forward kernels [`forward`] uses for a shape on a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ForwardPath {
     /// One launch, `P` in shared memory; `column_groups` cubes share each row tile.
@@ -225,25 +231,31 @@ pub enum ForwardPath {
         /// How many cubes split `d_out` for each tile of rows.
         column_groups: usize,
     },
-    /// Two products through a global `P = x·[S1 | U2]` (each with its depth split where the
-    /// output is small; see [`split_count`]).
+    /// Two launches: `P = x·[S1 | U2]` with its depth split across cubes into partial sums
+    /// (see [`split_count`]), then the fused kernel making `P` from those sums.
+    Split {
+        /// As for [`ForwardPath::Fused`].
+        column_groups: usize,
+    },
+    /// For ranks too wide for the fused kernel's shared memory: `P` to global memory (its
+    /// slices added by a second launch when its depth is split), then `y = P·[U1; S2]`.
     Tiled,
 }
 
-/// Chooses the forward kernel.
+/// Chooses the forward kernels.
 ///
 /// The fused kernel computes each row tile's block of `P` in one cube, walking all of `d_in`
 /// in sequence. That is the right shape of work when there are rows enough for the tiles of
-/// `P` to fill the device by themselves; then it saves `P`'s round trip and two launches.
-/// When they do not (a batch of 256 rows and `2Tk = 32` is 32 tiles, for a GPU with over a
-/// hundred multiprocessors), the tiled path wins: its projections split `d_in` across cubes
-/// (see [`split_count`]). So the fused kernel is used when the projection would not be split
-/// and its `P` block fits in shared memory (`2Tk ≤ MAX_FUSED_RANK`); otherwise the tiled path.
+/// `P` to fill the device by themselves. When they do not (a batch of 256 rows and
+/// `2Tk = 32` is 32 tiles, for a GPU with over a hundred multiprocessors), the projection is
+/// split in depth across cubes (see [`split_count`]) and the fused kernel adds the slices:
+/// [`ForwardPath::Split`]. Either needs the `P` block in shared memory
+/// (`2Tk ≤ MAX_FUSED_RANK`); wider ranks take [`ForwardPath::Tiled`].
 ///
-/// The fused kernel's column groups: where the row tiles alone are fewer than about two
-/// cubes per multiprocessor (64 cubes where the device does not report its count), `d_out`
-/// is split into groups; each extra group recomputes its rows' block of `P`, so groups stop
-/// at one per 16 output columns.
+/// The column groups: where the row tiles alone are fewer than about two cubes per
+/// multiprocessor (64 cubes where the device does not report its count), `d_out` is split
+/// into groups; each extra group makes its rows' block of `P` again, so groups stop at one
+/// per 16 output columns.
 pub fn choose_forward_path<R: CubeRuntime>(
     client: &cubecl::prelude::ComputeClient<R>,
     rows: usize,
@@ -255,10 +267,7 @@ pub fn choose_forward_path<R: CubeRuntime>(
     let padded = rank.div_ceil(tile) * tile;
     let hardware = &client.properties().hardware;
     let shared_bytes = (tile * padded + 2 * tile * tile) * size_of::<f32>();
-    if padded > MAX_FUSED_RANK
-        || shared_bytes > hardware.max_shared_memory_size
-        || split_count(client, rows, rank, d_in) > 1
-    {
+    if padded > MAX_FUSED_RANK || shared_bytes > hardware.max_shared_memory_size {
         return ForwardPath::Tiled;
     }
     let target_cubes = hardware
@@ -268,28 +277,20 @@ pub fn choose_forward_path<R: CubeRuntime>(
     let column_groups = target_cubes
         .div_ceil(row_tiles)
         .clamp(1, d_out.div_ceil(tile).max(1));
-    ForwardPath::Fused { column_groups }
+    if split_count(client, rows, rank, d_in) > 1 {
+        ForwardPath::Split { column_groups }
+    } else {
+        ForwardPath::Fused { column_groups }
+    }
 }
 
 fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -> CubeTensor<R> {
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
 }
 
-/// `x·F` for an input-side factor `F` (`[T, d_in, k]`): `[n, Tk]`.
-fn project<R: CubeRuntime>(x: &CubeTensor<R>, factor: &CubeTensor<R>, dims: Dims) -> CubeTensor<R> {
-    let rows = x.meta.shape().dims::<2>()[0];
-    let out = empty(x, Shape::new([rows, dims.half()]), x.dtype);
-    let problem = GemmProblem::new(rows, dims.half(), dims.d_in).with_layouts(
-        (Layout::RowMajor, Layout::InputFactor, Layout::RowMajor),
-        dims.low_rank,
-    );
-    gemm(&problem, (x, factor), None, None, &out);
-    out
-}
-
 /// `y = x·(S1·U1 + U2·S2)/(2T) + bias` for `x` of shape `[n, d_in]`; returns `[n, d_out]`.
 ///
-/// Uses the fused kernel or the tiled path as [`choose_forward_path`] decides.
+/// Uses the kernels [`choose_forward_path`] chooses.
 ///
 /// # Errors
 /// [`KernelError`] if the operands' shapes do not fit together (`x` `[n, d_in]`, the weights
@@ -305,10 +306,10 @@ pub fn forward<R: CubeRuntime>(
     launch_forward(x, weights, bias, path, checked)
 }
 
-/// [`forward`] on a given path, for tests and benchmarks that compare the two.
+/// [`forward`] on a given path, for tests and benchmarks that compare them.
 ///
 /// # Errors
-/// As [`forward`]; and [`KernelError::FusedRankTooWide`] for a fused path with
+/// As [`forward`]; and [`KernelError::FusedRankTooWide`] for a fused or split path with
 /// `2Tk > MAX_FUSED_RANK`.
 pub fn forward_with<R: CubeRuntime>(
     x: CubeTensor<R>,
@@ -355,37 +356,62 @@ fn launch_forward<R: CubeRuntime>(
 ) -> Result<CubeTensor<R>, KernelError> {
     let out = empty(&x, Shape::new([rows, dims.d_out]), dtype);
 
+    let width = 2 * dims.half();
+    let projection = GemmProblem::new(rows, width, dims.d_in).with_layouts(
+        (Layout::RowMajor, Layout::InputFactor, Layout::RowMajor),
+        dims.low_rank,
+    );
+    let input_side = (
+        &weights.s1s,
+        Some((&weights.u2s, Concat::Cols, dims.half())),
+    );
     match path {
         ForwardPath::Fused { column_groups } => {
-            fused_forward(&x, weights, bias.as_ref(), &out, column_groups)?
+            fused_forward(&x, weights, bias.as_ref(), None, &out, column_groups)?
+        }
+        ForwardPath::Split { column_groups } => {
+            // The rank limit is checked before anything is launched.
+            if width.div_ceil(TILE as usize) * TILE as usize > MAX_FUSED_RANK {
+                return Err(KernelError::FusedRankTooWide {
+                    rank: width,
+                    max: MAX_FUSED_RANK,
+                });
+            }
+            let partials = workspace(&x, &projection);
+            let (head, tail) = input_side;
+            let product = Product {
+                problem: projection,
+                lhs: &x,
+                rhs: head,
+                tail,
+                out: &partials,
+            };
+            launch_group(&[product], None, true);
+            fused_forward(
+                &x,
+                weights,
+                bias.as_ref(),
+                Some(&partials),
+                &out,
+                column_groups,
+            )?
         }
         ForwardPath::Tiled => {
             // P = x·[S1 | U2], `[n, 2Tk]`, then y = α·P·[U1; S2] + bias: two products, each
             // reading both factors of its side in place.
-            let width = 2 * dims.half();
             let p = empty(&x, Shape::new([rows, width]), dtype);
-            let problem = GemmProblem::new(rows, width, dims.d_in).with_layouts(
-                (Layout::RowMajor, Layout::InputFactor, Layout::RowMajor),
-                dims.low_rank,
-            );
-            let input_side = (&weights.s1s, &weights.u2s);
-            gemm_concat(
-                &problem,
-                &x,
-                input_side,
-                (Concat::Cols, dims.half()),
-                None,
-                &p,
-            );
+            gemm_concat(&projection, &x, input_side, None, &p);
             let problem = GemmProblem::new(rows, dims.d_out, width)
                 .with_layouts(
                     (Layout::RowMajor, Layout::OutputFactor, Layout::RowMajor),
                     dims.low_rank,
                 )
                 .with_alpha(dims.alpha());
-            let output_side = (&weights.u1s, &weights.s2s);
-            let concat = (Concat::Depth, dims.half());
-            gemm_concat(&problem, &p, output_side, concat, bias.as_ref(), &out);
+            let output_side = (
+                &weights.u1s,
+                Some((&weights.s2s, Concat::Depth, dims.half())),
+            );
+            gemm_concat(&problem, &p, output_side, bias.as_ref(), &out);
         }
     }
     Ok(out)
@@ -412,76 +438,201 @@ pub fn backward<R: CubeRuntime>(
     let half = dims.half();
     let k = dims.low_rank;
 
-    // ∂P_h = α·∂y·B_hᵀ, `[n, Tk]`.
-    let grad_p = |factor: &CubeTensor<R>| {
-        let out = empty(&x, Shape::new([rows, half]), dtype);
-        let problem = GemmProblem::new(rows, half, dims.d_out)
+    // Backward 1 and 2: the halves of ∂P = α·∂y·Bᵀ and P = x·A that the wanted gradients read.
+    let grad_halves = Halves {
+        first: wanted.x || wanted.s1s,
+        second: wanted.x || wanted.u2s,
+    };
+    let p_halves = Halves {
+        first: wanted.u1s,
+        second: wanted.s2s,
+    };
+    let mut projections = Vec::new();
+    if grad_halves.any() {
+        let problem = GemmProblem::new(rows, grad_halves.width(half), dims.d_out)
             .with_layouts(
                 (Layout::RowMajor, Layout::OutputFactorT, Layout::RowMajor),
                 k,
             )
             .with_alpha(alpha);
-        gemm(&problem, (&grad_output, factor), None, None, &out);
-        out
+        let factors = grad_halves.operands((&weights.u1s, &weights.s2s), half);
+        projections.push((problem, &grad_output, factors));
+    }
+    if p_halves.any() {
+        let problem = GemmProblem::new(rows, p_halves.width(half), dims.d_in)
+            .with_layouts((Layout::RowMajor, Layout::InputFactor, Layout::RowMajor), k);
+        let factors = p_halves.operands((&weights.s1s, &weights.u2s), half);
+        projections.push((problem, &x, factors));
+    }
+    let outputs: Vec<_> = projections
+        .iter()
+        .map(|(problem, _, _)| empty(&x, Shape::new([rows, problem.cols]), dtype))
+        .collect();
+    let partial = projections
+        .iter()
+        .any(|(problem, _, _)| problem.slices(&x.client).1 > 1);
+    let targets: Vec<_> = if partial {
+        projections
+            .iter()
+            .map(|(problem, _, _)| workspace(&x, problem))
+            .collect()
+    } else {
+        outputs.clone()
     };
-    let grad_p1 = (wanted.x || wanted.s1s).then(|| grad_p(&weights.u1s));
-    let grad_p2 = (wanted.x || wanted.u2s).then(|| grad_p(&weights.s2s));
+    let products: Vec<_> = projections
+        .iter()
+        .zip(&targets)
+        .map(|((problem, lhs, (rhs, tail)), out)| Product {
+            problem: *problem,
+            lhs,
+            rhs,
+            tail: *tail,
+            out,
+        })
+        .collect();
+    if !products.is_empty() {
+        launch_group(&products, None, partial);
+    }
+    if partial {
+        let slab = |index: usize| (&projections[index].0, &targets[index], &outputs[index]);
+        reduce_splits(slab(0), (projections.len() > 1).then(|| slab(1)), None);
+    }
+    let mut outputs = outputs.into_iter();
+    let grad_p = grad_halves.any().then(|| outputs.next()).flatten();
+    let p = p_halves.any().then(|| outputs.next()).flatten();
 
-    // ∂x = ∂P₁·S1ᵀ + ∂P₂·U2ᵀ, `[n, d_in]`.
-    let grad_x = match (wanted.x, &grad_p1, &grad_p2) {
-        (true, Some(grad_p1), Some(grad_p2)) => {
-            let out = empty(&x, Shape::new([rows, dims.d_in]), dtype);
-            let problem = GemmProblem::new(rows, dims.d_in, half).with_layouts(
-                (Layout::RowMajor, Layout::InputFactorT, Layout::RowMajor),
-                k,
-            );
-            let second = Some((grad_p2, &weights.u2s));
-            gemm(&problem, (grad_p1, &weights.s1s), second, None, &out);
-            Some(out)
+    // Backward 3: every wanted gradient from ∂P and P, in grouped launches.
+    let empty_like = |shape: [usize; 3]| empty(&x, Shape::new(shape), dtype);
+    let input_side = [dims.terms, dims.d_in, k];
+    let output_side = [dims.terms, k, dims.d_out];
+    let mut gradients: [Option<CubeTensor<R>>; 5] = Default::default();
+    let wanted_list = [wanted.x, wanted.s1s, wanted.s2s, wanted.u1s, wanted.u2s];
+    for (slot, &is_wanted) in wanted_list.iter().enumerate() {
+        if is_wanted {
+            gradients[slot] = Some(match slot {
+                0 => empty(&x, Shape::new([rows, dims.d_in]), dtype),
+                1 | 4 => empty_like(input_side),
+                _ => empty_like(output_side),
+            });
         }
-        _ => None,
-    };
-
-    // Input-side factor gradients: xᵀ·∂P_h, written as `[T, d_in, k]`.
-    let input_factor_grad = |grad_p: &CubeTensor<R>| {
-        let out = empty(&x, Shape::new([dims.terms, dims.d_in, k]), dtype);
-        let problem = GemmProblem::new(dims.d_in, half, rows).with_layouts(
-            (Layout::Transposed, Layout::RowMajor, Layout::InputFactor),
+    }
+    let mut products = Vec::new();
+    if let (Some(out), Some(grad_p)) = (&gradients[0], &grad_p) {
+        // ∂x = ∂P·Aᵀ = [∂P₁ | ∂P₂]·[S1ᵀ; U2ᵀ].
+        let problem = GemmProblem::new(rows, dims.d_in, 2 * half).with_layouts(
+            (Layout::RowMajor, Layout::InputFactorT, Layout::RowMajor),
             k,
         );
-        gemm(&problem, (&x, grad_p), None, None, &out);
-        out
-    };
-    let grad_s1s = grad_p1
-        .as_ref()
-        .filter(|_| wanted.s1s)
-        .map(input_factor_grad);
-    let grad_u2s = grad_p2
-        .as_ref()
-        .filter(|_| wanted.u2s)
-        .map(input_factor_grad);
+        products.push(Product {
+            problem,
+            lhs: grad_p,
+            rhs: &weights.s1s,
+            tail: Some((&weights.u2s, Concat::Depth, half)),
+            out,
+        });
+    }
+    // Input-side factor gradients: xᵀ·∂P_h, written as `[T, d_in, k]`.
+    for (slot, second) in [(1, false), (4, true)] {
+        if let (Some(out), Some(grad_p)) = (&gradients[slot], &grad_p) {
+            let problem = GemmProblem::new(dims.d_in, half, rows)
+                .with_layouts(
+                    (Layout::Transposed, Layout::RowMajor, Layout::InputFactor),
+                    k,
+                )
+                .with_offsets(0, grad_halves.offset(second, half));
+            products.push(Product {
+                problem,
+                lhs: &x,
+                rhs: grad_p,
+                tail: None,
+                out,
+            });
+        }
+    }
+    // Output-side factor gradients: α·P_hᵀ·∂y, written as `[T, k, d_out]`.
+    for (slot, second) in [(2, true), (3, false)] {
+        if let (Some(out), Some(p)) = (&gradients[slot], &p) {
+            let problem = GemmProblem::new(half, dims.d_out, rows)
+                .with_layouts(
+                    (Layout::Transposed, Layout::RowMajor, Layout::OutputFactor),
+                    k,
+                )
+                .with_alpha(alpha)
+                .with_offsets(p_halves.offset(second, half), 0);
+            products.push(Product {
+                problem,
+                lhs: p,
+                rhs: &grad_output,
+                tail: None,
+                out,
+            });
+        }
+    }
+    for group in products.chunks(group_size(&x.client)) {
+        let unsplit: Vec<_> = group
+            .iter()
+            .map(|product| Product {
+                problem: product.problem.with_splits(1),
+                ..*product
+            })
+            .collect();
+        launch_group(&unsplit, None, false);
+    }
 
-    // Output-side factor gradients: α·P_hᵀ·∂y with P_h recomputed, written as `[T, k, d_out]`.
-    let output_factor_grad = |input_factor: &CubeTensor<R>| {
-        let p = project(&x, input_factor, dims);
-        let out = empty(&x, Shape::new([dims.terms, k, dims.d_out]), dtype);
-        let problem = GemmProblem::new(half, dims.d_out, rows)
-            .with_layouts(
-                (Layout::Transposed, Layout::RowMajor, Layout::OutputFactor),
-                k,
-            )
-            .with_alpha(alpha);
-        gemm(&problem, (&p, &grad_output), None, None, &out);
-        out
-    };
-    let grad_s2s = wanted.s2s.then(|| output_factor_grad(&weights.u2s));
-    let grad_u1s = wanted.u1s.then(|| output_factor_grad(&weights.s1s));
-
+    let [x, s1s, s2s, u1s, u2s] = gradients;
     Ok(SketchGradients {
-        x: grad_x,
-        s1s: grad_s1s,
-        s2s: grad_s2s,
-        u1s: grad_u1s,
-        u2s: grad_u2s,
+        x,
+        s1s,
+        s2s,
+        u1s,
+        u2s,
     })
+}
+
+/// Which halves of a `[n, 2Tk]` matrix (`∂P` or `P`) are computed: only those a wanted
+/// gradient reads, stored side by side in that order.
+#[derive(Debug, Clone, Copy)]
+struct Halves {
+    first: bool,
+    second: bool,
+}
+
+impl Halves {
+    fn any(&self) -> bool {
+        self.first || self.second
+    }
+
+    /// Columns of the stored matrix.
+    fn width(&self, half: usize) -> usize {
+        half * (self.first as usize + self.second as usize)
+    }
+
+    /// The element offset of a half in the stored matrix's first row.
+    fn offset(&self, second: bool, half: usize) -> usize {
+        if second && self.first { half } else { 0 }
+    }
+
+    /// The right operand of the product that makes the stored halves: one factor, or both
+    /// side by side.
+    fn operands<'a, R: CubeRuntime>(
+        &self,
+        (first, second): (&'a CubeTensor<R>, &'a CubeTensor<R>),
+        half: usize,
+    ) -> (
+        &'a CubeTensor<R>,
+        Option<(&'a CubeTensor<R>, Concat, usize)>,
+    ) {
+        match (self.first, self.second) {
+            (true, true) => (first, Some((second, Concat::Cols, half))),
+            (true, false) => (first, None),
+            _ => (second, None),
+        }
+    }
+}
+
+/// Products per grouped launch: [`GROUP`], or fewer where the device binds fewer buffers to a
+/// kernel (each product binds four, and the launch a bias).
+fn group_size<R: CubeRuntime>(client: &cubecl::prelude::ComputeClient<R>) -> usize {
+    let bindings = client.properties().hardware.max_bindings as usize;
+    (bindings.saturating_sub(1) / 4).clamp(1, GROUP)
 }

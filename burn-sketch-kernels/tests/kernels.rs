@@ -210,6 +210,8 @@ fn forward_matches_reference_on_both_paths() {
         if rank_width <= burn_sketch_kernels::fused::MAX_FUSED_RANK {
             paths.push(ForwardPath::Fused { column_groups: 1 });
             paths.push(ForwardPath::Fused { column_groups: 3 });
+            paths.push(ForwardPath::Split { column_groups: 1 });
+            paths.push(ForwardPath::Split { column_groups: 3 });
         }
         for path in paths {
             let actual = run_forward(case, &data, path, DType::F32);
@@ -236,11 +238,12 @@ fn forward_path_choice_follows_the_shape() {
         choose_forward_path(&client, 4096, 256, 512, 8192),
         ForwardPath::Tiled
     );
-    // Few rows and a long depth: the projection is split, so tiled.
-    assert_eq!(
+    // Few rows and a long depth: the projection is split, and the fused kernel adds the
+    // slices.
+    assert!(matches!(
         choose_forward_path(&client, 256, 8192, 32, 8192),
-        ForwardPath::Tiled
-    );
+        ForwardPath::Split { .. }
+    ));
     // A tiny output cannot be split into more groups than it has column tiles.
     assert_eq!(
         choose_forward_path(&client, 1, 64, 32, 20),
@@ -275,7 +278,7 @@ fn split_depth_matches_one_pass() {
         let problem = GemmProblem::new(rows, cols, depth)
             .with_alpha(alpha)
             .with_splits(splits);
-        gemm(&problem, (&lhs, &rhs), None, Some(&bias), &out);
+        gemm(&problem, (&lhs, &rhs), Some(&bias), &out);
         assert_close(&download(out), &expected, 1e-5, &format!("{splits} splits"));
     }
 }
@@ -308,32 +311,192 @@ fn backward_matches_reference() {
     }
 }
 
+/// Each gradient alone, the sets `SkLinear` asks for (first layer: `∂S1`, `∂S2`; later
+/// layers: and `∂x`), and pairs that read one half of `∂P` or `P` each: the backward computes
+/// only the halves of `∂P` and `P` the wanted gradients read, and reads each at its offset.
+/// On a short depth (one launch of products) and a long one (split, then added).
 #[test]
 fn backward_computes_only_what_is_wanted() {
-    let case = Case {
-        rows: 9,
-        d_in: 20,
-        d_out: 12,
-        terms: 2,
-        rank: 3,
-        bias: false,
+    let flags = |names: &[&str]| WantedGradients {
+        x: names.contains(&"x"),
+        s1s: names.contains(&"s1s"),
+        s2s: names.contains(&"s2s"),
+        u1s: names.contains(&"u1s"),
+        u2s: names.contains(&"u2s"),
     };
-    let data = case.data(99);
-    let expected = case.host(&data).backward(&data.x, case.rows, &data.grad);
-    let wanted = WantedGradients {
-        s2s: true,
-        ..Default::default()
+    let sets: [&[&str]; 10] = [
+        &["x"],
+        &["s1s"],
+        &["s2s"],
+        &["u1s"],
+        &["u2s"],
+        &["s1s", "s2s"],
+        &["x", "s1s", "s2s"],
+        &["s1s", "u1s"],
+        &["u2s", "s2s"],
+        &["x", "u2s", "u1s"],
+    ];
+    let cases = [
+        Case {
+            rows: 9,
+            d_in: 20,
+            d_out: 12,
+            terms: 2,
+            rank: 3,
+            bias: false,
+        },
+        Case {
+            rows: 6,
+            d_in: 1500,
+            d_out: 700,
+            terms: 1,
+            rank: 5,
+            bias: false,
+        },
+    ];
+    for case in &cases {
+        let data = case.data(99);
+        let expected = case.host(&data).backward(&data.x, case.rows, &data.grad);
+        for set in sets {
+            let wanted = flags(set);
+            let x = upload(&data.x, &[case.rows, case.d_in], DType::F32);
+            let grad = upload(&data.grad, &[case.rows, case.d_out], DType::F32);
+            let grads = backward(x, &case.factors(&data, DType::F32), grad, wanted).unwrap();
+            for (name, actual, expected) in [
+                ("x", grads.x, &expected.x),
+                ("s1s", grads.s1s, &expected.s1s),
+                ("s2s", grads.s2s, &expected.s2s),
+                ("u1s", grads.u1s, &expected.u1s),
+                ("u2s", grads.u2s, &expected.u2s),
+            ] {
+                let what = format!("∂{name} of {set:?}, {}", case.name());
+                match (set.contains(&name), actual) {
+                    (true, Some(actual)) => {
+                        assert_close(&download(actual), expected, 1e-4, &what);
+                    }
+                    (false, None) => {}
+                    (true, None) => panic!("{what}: wanted, not computed"),
+                    (false, Some(_)) => panic!("{what}: computed, not wanted"),
+                }
+            }
+        }
+    }
+}
+
+/// Three products in one launch, one of them on a transposed left operand at an offset and
+/// one joining two right-hand tensors, each against its own plain product; then the same
+/// products' depths split into partial sums and added by one launch for two of them.
+#[test]
+fn grouped_products_match_separate_ones() {
+    use burn_sketch_kernels::gemm::{
+        Concat, GemmProblem, Product, gemm, launch_group, reduce_splits, workspace,
     };
-    let x = upload(&data.x, &[case.rows, case.d_in], DType::F32);
-    let grad = upload(&data.grad, &[case.rows, case.d_out], DType::F32);
-    let grads = backward(x, &case.factors(&data, DType::F32), grad, wanted).unwrap();
-    assert!(grads.x.is_none() && grads.s1s.is_none() && grads.u1s.is_none() && grads.u2s.is_none());
-    assert_close(
-        &download(grads.s2s.unwrap()),
-        &expected.s2s,
-        1e-4,
-        "∂S2s alone",
-    );
+    use burn_sketch_kernels::layout::Layout;
+    let reference = |lhs: &[f32], rhs: &[f32], (rows, cols, depth): (usize, usize, usize)| {
+        (0..rows * cols)
+            .map(|index| {
+                let (i, j) = (index / cols, index % cols);
+                (0..depth)
+                    .map(|m| lhs[i * depth + m] as f64 * rhs[m * cols + j] as f64)
+                    .sum::<f64>() as f32
+            })
+            .collect::<Vec<f32>>()
+    };
+    // Product 0: a [5, 300] by [300, 7] product, scaled.
+    let (a, b) = (values(5 * 300, 1), values(300 * 7, 2));
+    // Product 1: columns 4.. of a [600, 10] matrix, transposed (6 × 600), by a [600, 9].
+    let (c, d) = (values(600 * 10, 3), values(600 * 9, 4));
+    let c_cols: Vec<f32> = (0..6)
+        .flat_map(|i| (0..600).map(move |m| (i, m)))
+        .map(|(i, m)| c[m * 10 + 4 + i])
+        .collect();
+    // Product 2: [3, 40] by [40, 5 | 40, 6] joined side by side.
+    let (e, f, g) = (values(3 * 40, 5), values(40 * 5, 6), values(40 * 6, 7));
+    let fg: Vec<f32> = (0..40)
+        .flat_map(|m| (0..11).map(move |j| (m, j)))
+        .map(|(m, j)| {
+            if j < 5 {
+                f[m * 5 + j]
+            } else {
+                g[m * 6 + j - 5]
+            }
+        })
+        .collect();
+    let expected = [
+        reference(&a, &b, (5, 7, 300))
+            .iter()
+            .map(|v| 0.5 * v)
+            .collect(),
+        reference(&c_cols, &d, (6, 9, 600)),
+        reference(&e, &fg, (3, 11, 40)),
+    ];
+    let up = |data: &[f32], shape: [usize; 2]| upload(data, &shape, DType::F32);
+    let (a, b) = (up(&a, [5, 300]), up(&b, [300, 7]));
+    let (c, d) = (up(&c, [600, 10]), up(&d, [600, 9]));
+    let (e, f, g) = (up(&e, [3, 40]), up(&f, [40, 5]), up(&g, [40, 6]));
+    let problems = [
+        GemmProblem::new(5, 7, 300).with_alpha(0.5),
+        GemmProblem::new(6, 9, 600)
+            .with_layouts((Layout::Transposed, Layout::RowMajor, Layout::RowMajor), 1)
+            .with_offsets(4, 0),
+        GemmProblem::new(3, 11, 40),
+    ];
+    let operands = [
+        (&a, &b, None),
+        (&c, &d, None),
+        (&e, &f, Some((&g, Concat::Cols, 5))),
+    ];
+    for splits in [1, 3] {
+        let outputs: Vec<_> = problems
+            .iter()
+            .map(|p| up(&vec![0.0; p.rows * p.cols], [p.rows, p.cols]))
+            .collect();
+        let problems = problems.map(|problem| problem.with_splits(splits));
+        let targets: Vec<_> = if splits == 1 {
+            outputs.clone()
+        } else {
+            problems.iter().map(|p| workspace(&outputs[0], p)).collect()
+        };
+        let products: Vec<_> = (0..3)
+            .map(|i| Product {
+                problem: problems[i],
+                lhs: operands[i].0,
+                rhs: operands[i].1,
+                tail: operands[i].2,
+                out: &targets[i],
+            })
+            .collect();
+        launch_group(&products, None, splits > 1);
+        if splits > 1 {
+            // Products 0 and 1 in one launch; product 2 through `gemm` on its own.
+            let slab = |i: usize| (&problems[i], &targets[i], &outputs[i]);
+            reduce_splits(slab(0), Some(slab(1)), None);
+            let p = GemmProblem::new(3, 11, 40);
+            let out = &outputs[2];
+            burn_sketch_kernels::gemm::gemm_concat(
+                &p,
+                &e,
+                (&f, Some((&g, Concat::Cols, 5))),
+                None,
+                out,
+            );
+        }
+        for (index, output) in outputs.into_iter().enumerate() {
+            let what = format!("product {index}, {splits} slices");
+            assert_close(&download(output), &expected[index], 1e-5, &what);
+        }
+    }
+    // A single `gemm` with a bias, against the same product plus the bias.
+    let bias_values = values(7, 8);
+    let bias = upload(&bias_values, &[7], DType::F32);
+    let out = up(&vec![0.0; 35], [5, 7]);
+    gemm(&problems[0], (&a, &b), Some(&bias), &out);
+    let with_bias: Vec<f32> = expected[0]
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v + bias_values[i % 7])
+        .collect();
+    assert_close(&download(out), &with_bias, 1e-5, "gemm with a bias");
 }
 
 #[test]
@@ -364,7 +527,11 @@ fn transposed_input_is_read_in_place() {
     .tensor();
     assert!(!x.is_contiguous(), "the test needs a strided input");
     let bias = upload(&data.bias, &[case.d_out], DType::F32);
-    for path in [ForwardPath::Tiled, ForwardPath::Fused { column_groups: 2 }] {
+    for path in [
+        ForwardPath::Tiled,
+        ForwardPath::Fused { column_groups: 2 },
+        ForwardPath::Split { column_groups: 2 },
+    ] {
         let actual = download(
             forward_with(
                 x.clone(),
@@ -402,7 +569,11 @@ fn half_precision_accumulates_in_f32(dtype: DType, tolerance: f32) {
     let host = case.host(&data);
     let expected = host.forward(&data.x, case.rows, Some(&data.bias));
     let expected_grads = host.backward(&data.x, case.rows, &data.grad);
-    for path in [ForwardPath::Tiled, ForwardPath::Fused { column_groups: 1 }] {
+    for path in [
+        ForwardPath::Tiled,
+        ForwardPath::Fused { column_groups: 1 },
+        ForwardPath::Split { column_groups: 1 },
+    ] {
         let actual = run_forward(&case, &data, path, dtype);
         let what = format!("{dtype:?} forward {path:?}");
         assert_close(&actual, &expected, tolerance, &what);
