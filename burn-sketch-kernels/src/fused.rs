@@ -20,8 +20,9 @@
 //! FLOPs per extra group from `x` (or reads `splits·TILE·2Tk` partial sums), and is why the
 //! groups are bounded (see [`crate::sketch`]).
 //!
-//! Shared memory holds `TILE × padded_rank` `f32` values for `P`, so the fused path is only
-//! used up to [`MAX_FUSED_RANK`]; wider layers take the two-launch path of [`crate::gemm`].
+//! Shared memory holds `TILE × padded_rank` `f32` values for `P`, so the fused kernel is only
+//! used up to [`MAX_FUSED_RANK`]; wider layers take
+//! [`ForwardPath::Tiled`](crate::ForwardPath::Tiled).
 
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;

@@ -287,7 +287,9 @@ fn scale_and_bias<F: Float>(
 /// most `c`; cubes past the last product's tiles do nothing. `O` is the outputs' element type:
 /// `f32` when the products write partial sums.
 #[cube(launch)]
-#[allow(clippy::too_many_arguments)]
+// The outer `if let`s are resolved when the kernel is compiled (is the product there?), the
+// inner `if`s when it runs (is this cube one of its?): they cannot be one condition.
+#[allow(clippy::too_many_arguments, clippy::collapsible_if)]
 pub fn gemm_kernel<F: Float, O: Float>(
     lhs0: &Tensor<F>,
     rhs0: &Tensor<F>,
@@ -590,6 +592,10 @@ impl GemmProblem {
     }
 }
 
+/// A second right-hand tensor of a product, how it is joined to the first, and where (see
+/// [`Concat`]); `None` for a right operand of one tensor.
+pub type Tail<'a, R> = Option<(&'a CubeTensor<R>, Concat, usize)>;
+
 /// One product of a grouped launch: the problem, its operands and where it writes.
 #[derive(Debug)]
 pub struct Product<'a, R: CubeRuntime> {
@@ -600,7 +606,7 @@ pub struct Product<'a, R: CubeRuntime> {
     /// The right operand, or its first tensor when `tail` joins a second.
     pub rhs: &'a CubeTensor<R>,
     /// A second right-hand tensor, how it is joined, and where (see [`Concat`]).
-    pub tail: Option<(&'a CubeTensor<R>, Concat, usize)>,
+    pub tail: Tail<'a, R>,
     /// Where it writes: the output in `problem.out_layout`, or, for a product whose depth is
     /// split, an `f32` workspace `[splits, rows, cols]` of raw partial sums.
     pub out: &'a CubeTensor<R>,
@@ -805,7 +811,7 @@ pub fn gemm<R: CubeRuntime>(
 pub fn gemm_concat<R: CubeRuntime>(
     problem: &GemmProblem,
     lhs: &CubeTensor<R>,
-    (head, tail): (&CubeTensor<R>, Option<(&CubeTensor<R>, Concat, usize)>),
+    (head, tail): (&CubeTensor<R>, Tail<'_, R>),
     bias: Option<&CubeTensor<R>>,
     out: &CubeTensor<R>,
 ) {

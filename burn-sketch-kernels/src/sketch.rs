@@ -6,9 +6,9 @@
 //! | launch | computes | kernel |
 //! |---|---|---|
 //! | forward | `y = α·P·B + bias` | fused, `P` on chip (one launch); or `P`'s depth split, then fused from the slices (two); or, for ranks too wide for shared memory, `P` then `y` ([`gemm`](crate::gemm::gemm_concat), two or three) |
-//! | backward 1 | `∂P = α·∂y·Bᵀ` and `P = x·A` (recomputed), the halves the wanted gradients read | one grouped [`gemm_kernel()`](crate::gemm::gemm_kernel) |
-//! | backward 2 | the slices of both, when either product's depth is split | one [`reduce_splits_kernel()`](crate::gemm::reduce_splits_kernel) |
-//! | backward 3 | `∂x = ∂P·Aᵀ`, `∂S1 = xᵀ·∂P₁`, `∂U2 = xᵀ·∂P₂`, `∂S2 = α·P₂ᵀ·∂y`, `∂U1 = α·P₁ᵀ·∂y`, as wanted | grouped [`gemm_kernel()`](crate::gemm::gemm_kernel), [`GROUP`] products per launch |
+//! | backward 1 | `∂P = α·∂y·Bᵀ` and `P = x·A` (recomputed), the halves the wanted gradients read | one grouped [`gemm_kernel()`](crate::gemm::gemm_kernel()) |
+//! | backward 2 | the slices of both, when either product's depth is split | one [`reduce_splits_kernel()`](crate::gemm::reduce_splits_kernel()) |
+//! | backward 3 | `∂x = ∂P·Aᵀ`, `∂S1 = xᵀ·∂P₁`, `∂U2 = xᵀ·∂P₂`, `∂S2 = α·P₂ᵀ·∂y`, `∂U1 = α·P₁ᵀ·∂y`, as wanted | grouped [`gemm_kernel()`](crate::gemm::gemm_kernel()), [`GROUP`] products per launch |
 //!
 //! So a training step of `SkLinear` (`∂x`, `∂S1`, `∂S2`; the sketches are fixed) is two
 //! launches forward and at most three backward, whatever its shape up to the fused kernel's
@@ -35,7 +35,7 @@ use burn_cubecl::tensor::CubeTensor;
 use crate::KernelError;
 use crate::fused::{MAX_FUSED_RANK, fused_forward};
 use crate::gemm::{
-    Concat, GROUP, GemmProblem, Product, TILE, gemm_concat, launch_group, reduce_splits,
+    Concat, GROUP, GemmProblem, Product, TILE, Tail, gemm_concat, launch_group, reduce_splits,
     split_count, workspace,
 };
 use crate::layout::Layout;
@@ -618,10 +618,7 @@ impl Halves {
         &self,
         (first, second): (&'a CubeTensor<R>, &'a CubeTensor<R>),
         half: usize,
-    ) -> (
-        &'a CubeTensor<R>,
-        Option<(&'a CubeTensor<R>, Concat, usize)>,
-    ) {
+    ) -> (&'a CubeTensor<R>, Tail<'a, R>) {
         match (self.first, self.second) {
             (true, true) => (first, Some((second, Concat::Cols, half))),
             (true, false) => (first, None),

@@ -489,7 +489,7 @@ fn grouped_products_match_separate_ones() {
     // A single `gemm` with a bias, against the same product plus the bias.
     let bias_values = values(7, 8);
     let bias = upload(&bias_values, &[7], DType::F32);
-    let out = up(&vec![0.0; 35], [5, 7]);
+    let out = up(&[0.0; 35], [5, 7]);
     gemm(&problems[0], (&a, &b), Some(&bias), &out);
     let with_bias: Vec<f32> = expected[0]
         .iter()

@@ -4,8 +4,9 @@
 //!   `cargo xtask bench --help`.
 //! - `products`: the six matrix products of a sketched training step on each CPU GEMM engine
 //!   (Flex's `matmul`, ndarray's, the `gemm` crate direct); see `cargo xtask products --help`.
-//! - `overhead`: kernel launches, pool reservations and new device buffers per call of
-//!   `SkLinear` and dense `nn::Linear` on wgpu, counted from CubeCL's own tracing spans.
+//! - `overhead`: kernel launches, pool reservations, new device buffers, host reads, device
+//!   waits and queue submissions per call of `SkLinear` and dense `nn::Linear` on wgpu,
+//!   counted from CubeCL's tracing spans and wgpu-core's API log.
 //! - `book`: builds the mdBook under `docs/` and checks its pages and links (`--browser`: in
 //!   headless Chromium too).
 //!
