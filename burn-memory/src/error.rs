@@ -35,6 +35,9 @@ pub enum MemoryError {
         /// What is wrong with it.
         message: String,
     },
+    /// A profiler was started while another was running in the process.
+    #[error("a profiler is already running in this process; stop it before starting another")]
+    ProfilerRunning,
     /// The device cannot compute in the requested element type.
     #[error("the device does not support {0:?} arithmetic; use another precision or backend")]
     UnsupportedPrecision(burn::tensor::DType),

@@ -53,6 +53,7 @@ pub mod measure;
 #[cfg(test)]
 #[path = "../../testing/own_process.rs"]
 mod own_process;
+pub mod profile;
 pub mod training;
 
 pub use error::MemoryError;

@@ -9,6 +9,8 @@
 //!   counted from CubeCL's tracing spans and wgpu-core's API log.
 //! - `book`: builds the mdBook under `docs/` and checks its pages and links (`--browser`: in
 //!   headless Chromium too).
+//! - `profiled-ops`: generates `burn-memory/src/profile/ops.rs`, the forwarding of Burn's
+//!   operation traits for burn-memory's profiling backend, from burn-backend's sources.
 //!
 //! The binary also runs on its own (`target/release/xtask bench ...`), so it can be copied to a
 //! machine without cargo.
@@ -20,6 +22,7 @@ mod overhead;
 #[path = "../../testing/own_process.rs"]
 mod own_process;
 mod products;
+mod profiled_ops;
 
 /// Benchmarks run on mimalloc. On CPU backends every call allocates its output, and glibc's
 /// allocator hands large freed blocks back to the OS and page-faults them in again on the next
@@ -49,6 +52,8 @@ enum Task {
     Book(book::BookArgs),
     /// Count kernel launches and buffer reservations per call of SkLinear and dense Linear.
     Overhead(overhead::OverheadArgs),
+    /// Generate burn-memory's profiling backend's forwarding of Burn's operation traits.
+    ProfiledOps,
 }
 
 fn main() -> ExitCode {
@@ -74,6 +79,13 @@ fn main() -> ExitCode {
             Ok(_) => ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("overhead failed: {err:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Task::ProfiledOps => match profiled_ops::run() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("profiled-ops failed: {err:#}");
                 ExitCode::FAILURE
             }
         },

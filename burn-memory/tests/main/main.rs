@@ -18,5 +18,6 @@ mod ndarray;
 mod offload;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;
+mod profile;
 mod segments;
 mod wgpu;

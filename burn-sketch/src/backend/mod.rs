@@ -12,6 +12,7 @@
 //! | `Flex` | `flex` | its own: `gemm` calls on the buffers, bias and scale fused |
 //! | every `CubeBackend` (`Wgpu`, `Cuda`, `Rocm`, ...) | `cubecl` (`wgpu`, `cuda`) | the `burn-sketch-kernels` kernels or the tensor-op path, by [`KernelStrategy`] |
 //! | `Fusion<B>` | `fusion` | one custom operation in the fusion stream, running `B`'s |
+//! | `Profiled<B>` (burn-memory's profiler) | `profile` | `B`'s, recorded as one operation |
 //! | `Autodiff<B>` | always | one graph node whose backward runs `B`'s |
 //!
 //! `SkLinear<B>` compiles for exactly these. Burn's other backends (`Candle`, `LibTorch`, the
@@ -31,6 +32,8 @@ mod fusion;
 mod gradients;
 #[cfg(feature = "ndarray")]
 mod ndarray;
+#[cfg(feature = "profile")]
+mod profiled;
 mod strategy;
 pub mod tensor_ops;
 mod weights;

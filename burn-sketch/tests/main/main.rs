@@ -13,5 +13,6 @@ mod ndarray;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;
 mod performer;
+mod profiled;
 mod transformer;
 mod wgpu;

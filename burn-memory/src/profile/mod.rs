@@ -1,0 +1,344 @@
+//! Which operation, in which scope, took the time: a profiler for any Burn backend.
+//!
+//! PyTorch users reach for `torch.profiler.profile(record_shapes=True)` and
+//! `prof.key_averages().table(sort_by=..., row_limit=10)`, and for a trace to open in
+//! Perfetto. This module gives the same on every Burn backend:
+//!
+//! - [`Profiled<B>`]: a backend that is `B` with every operation recorded while a
+//!   [`Profiler`] runs. Train with `Autodiff<Profiled<B>>` and the backward pass's operations
+//!   are recorded too.
+//! - [`scope`]: a named region (PyTorch's `record_function`); operations record the scopes
+//!   open on their thread.
+//! - [`Profile`]: what a run recorded, as a [`KeyAverages`] table (`Display` and JSON) and a
+//!   Chrome trace ([`Profile::write_chrome_trace`]) that opens in Perfetto or
+//!   `chrome://tracing`.
+//!
+//! Times are host times (the inner backend's method returning) unless
+//! [`ProfilerConfig::sync_each_op`] is on: a lazy backend (`Wgpu`, `Cuda`, anything under
+//! Fusion) returns before the device has run the work, so its host times say where the
+//! *queueing* goes, and the time of the work shows up in `sync` and in reads. Syncing after
+//! every operation measures each operation's device time, at the price of the overlap that
+//! makes lazy backends fast.
+//!
+//! ```
+//! use burn::backend::{Autodiff, NdArray};
+//! use burn::tensor::{Distribution, Tensor};
+//! use burn_memory::profile::{Profiled, Profiler, ProfilerConfig, scope};
+//!
+//! type B = Autodiff<Profiled<NdArray>>;
+//! let device = Default::default();
+//! let profiler = Profiler::start(ProfilerConfig::new().with_record_shapes(true)).unwrap();
+//! let x = Tensor::<B, 2>::random([64, 32], Distribution::Default, &device).require_grad();
+//! let w = Tensor::<B, 2>::random([32, 16], Distribution::Default, &device).require_grad();
+//! {
+//!     let _layer = scope("layer");
+//!     let loss = x.clone().matmul(w.clone()).tanh().sum();
+//!     let _grads = loss.backward();
+//! }
+//! let profile = profiler.stop();
+//! let table = profile.key_averages();
+//! // The forward's matmul and the two of its backward.
+//! assert_eq!(table.row("float_matmul").unwrap().calls, 3);
+//! println!("{}", table.sorted_by(burn_memory::profile::SortBy::TotalTime).limit(10));
+//! ```
+
+mod backend;
+mod ops;
+pub mod record;
+mod table;
+mod trace;
+
+pub use backend::Profiled;
+pub use record::{OpEvent, ScopeEvent, TensorDesc};
+
+pub use table::{KeyAverages, KeyAveragesRow, RowKind, SortBy};
+
+use std::sync::atomic::Ordering;
+
+use crate::{DeviceMemory, MemoryError, MemoryUsage, lock};
+use record::{ACTIVE, OPEN_SCOPES, OpenScope, RECORDING, Recording, SESSION, Settings};
+
+/// What a [`Profiler`] records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProfilerConfig {
+    /// Record the shapes and element types of each operation's inputs (PyTorch's
+    /// `record_shapes`). Off by default: it costs a small allocation per operation.
+    pub record_shapes: bool,
+    /// Sync the device after every operation, so each records its device time. Off by
+    /// default: on a lazy backend it serialises the work it measures.
+    pub sync_each_op: bool,
+    /// The most events (operations and scopes) kept; later ones are counted in
+    /// [`Profile::dropped`] (PyTorch's `max_entries`). At least 1.
+    pub max_entries: usize,
+}
+
+impl ProfilerConfig {
+    /// Host times, no shapes, up to a million events.
+    pub fn new() -> Self {
+        Self {
+            record_shapes: false,
+            sync_each_op: false,
+            max_entries: 1_000_000,
+        }
+    }
+
+    /// Sets [`record_shapes`](Self::record_shapes).
+    pub fn with_record_shapes(mut self, record_shapes: bool) -> Self {
+        self.record_shapes = record_shapes;
+        self
+    }
+
+    /// Sets [`sync_each_op`](Self::sync_each_op).
+    pub fn with_sync_each_op(mut self, sync_each_op: bool) -> Self {
+        self.sync_each_op = sync_each_op;
+        self
+    }
+
+    /// Sets [`max_entries`](Self::max_entries).
+    pub fn with_max_entries(mut self, max_entries: usize) -> Self {
+        self.max_entries = max_entries;
+        self
+    }
+}
+
+impl Default for ProfilerConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A running profiling session: operations of every [`Profiled`] backend, on every thread,
+/// are recorded from [`start`](Self::start) to [`stop`](Self::stop). One runs per process at
+/// a time. Dropped without `stop`, it ends and discards what it recorded.
+#[derive(Debug)]
+#[must_use = "a profiler records until it is stopped; dropping it discards the recording"]
+pub struct Profiler {
+    session: u64,
+}
+
+impl Profiler {
+    /// Starts recording.
+    ///
+    /// # Errors
+    /// [`MemoryError::Invalid`] for `max_entries = 0`; [`MemoryError::ProfilerRunning`] when
+    /// another profiler is running in the process.
+    pub fn start(config: ProfilerConfig) -> Result<Self, MemoryError> {
+        Self::start_sampling(config, None)
+    }
+
+    /// Starts recording, and after each operation reads `device`'s memory into the
+    /// operation's [`memory`](OpEvent::memory): the timeline of bytes in use and reserved,
+    /// and [`Profile::peak`] with the operation and scopes where it peaked. `B` is the
+    /// backend the memory belongs to (`NdArray`, `Wgpu`…, not `Profiled`): on CPU backends
+    /// with a [`CountingAllocator`](crate::CountingAllocator), the heap counted exactly
+    /// (including the profiler's own records, a few hundred bytes per operation); on CubeCL
+    /// backends, the memory pools. On a lazy backend the memory after an operation is that
+    /// of the work run so far; with [`ProfilerConfig::sync_each_op`] it is the operation's.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_with_memory<B: DeviceMemory>(
+        config: ProfilerConfig,
+        device: &B::Device,
+    ) -> Result<Self, MemoryError> {
+        let device = device.clone();
+        let sampler: record::Sampler =
+            Box::new(move || B::memory_usage(&device, B::current_stream()).ok());
+        Self::start_sampling(config, Some(sampler))
+    }
+
+    fn start_sampling(
+        config: ProfilerConfig,
+        sampler: Option<record::Sampler>,
+    ) -> Result<Self, MemoryError> {
+        if config.max_entries == 0 {
+            return Err(MemoryError::Invalid {
+                name: "max_entries",
+                message: "0 would record nothing; use at least 1".into(),
+            });
+        }
+        let mut recording = lock(&RECORDING);
+        if recording.is_some() {
+            return Err(MemoryError::ProfilerRunning);
+        }
+        *recording = Some(Recording::new(
+            Settings {
+                record_shapes: config.record_shapes,
+                sync_each_op: config.sync_each_op,
+                max_entries: config.max_entries,
+            },
+            sampler,
+        ));
+        let session = SESSION.fetch_add(1, Ordering::Relaxed) + 1;
+        ACTIVE.store(true, Ordering::Relaxed);
+        Ok(Self { session })
+    }
+
+    /// Stops recording and returns what was recorded. Scopes still open on the calling
+    /// thread are closed now and marked [`left_open`](ScopeEvent::left_open), with a warning
+    /// (scopes open on other threads at this moment are not seen).
+    pub fn stop(self) -> Profile {
+        let left_open = OPEN_SCOPES.with(|stack| {
+            let stack = stack.borrow();
+            stack
+                .iter()
+                .enumerate()
+                .filter(|(_, scope)| scope.session == self.session)
+                .map(|(depth, scope)| (*scope, depth as u32))
+                .collect::<Vec<_>>()
+        });
+        for &(scope, depth) in left_open.iter().rev() {
+            record::close_scope(scope, depth, true);
+        }
+        let recording = self.end();
+        let profile = Profile::from(recording);
+        for scope in profile.scopes.iter().filter(|scope| scope.left_open) {
+            tracing::warn!(
+                "profiler: scope `{}` was still open when the profiler stopped; closed there",
+                profile.scope_names[scope.name as usize]
+            );
+        }
+        if profile.dropped > 0 {
+            tracing::warn!(
+                "profiler: {} events past max_entries were not recorded",
+                profile.dropped
+            );
+        }
+        profile
+    }
+
+    fn end(&self) -> Option<Recording> {
+        let mut recording = lock(&RECORDING);
+        if SESSION.load(Ordering::Relaxed) != self.session {
+            return None;
+        }
+        ACTIVE.store(false, Ordering::Relaxed);
+        recording.take()
+    }
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// Everything one [`Profiler`] run recorded.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Profile {
+    /// The operations, in the order they finished.
+    pub ops: Vec<OpEvent>,
+    /// The scopes, in the order they closed.
+    pub scopes: Vec<ScopeEvent>,
+    /// The scope names the events refer to by index.
+    pub scope_names: Vec<String>,
+    /// Events not recorded because `max_entries` was reached.
+    pub dropped: u64,
+}
+
+impl From<Option<Recording>> for Profile {
+    fn from(recording: Option<Recording>) -> Self {
+        match recording {
+            Some(recording) => Self {
+                ops: recording.ops,
+                scopes: recording.scopes,
+                scope_names: recording.scope_names,
+                dropped: recording.dropped,
+            },
+            None => Self::default(),
+        }
+    }
+}
+
+/// Where a profiled run's memory peaked.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Peak {
+    /// The index of the operation in [`Profile::ops`] after which the most bytes were in use.
+    pub op: usize,
+    /// Its name.
+    pub name: &'static str,
+    /// The scopes it ran in, outermost first.
+    pub scopes: Vec<String>,
+    /// The memory just after it.
+    pub memory: MemoryUsage,
+}
+
+impl Profile {
+    /// The operation after which the most bytes were in use, with its scopes; `None` when
+    /// memory was not sampled ([`Profiler::start_with_memory`]).
+    pub fn peak(&self) -> Option<Peak> {
+        let (op, event) = self
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, event)| event.memory.is_some())
+            .max_by_key(|(index, event)| (event.memory.map(|m| m.in_use), usize::MAX - index))?;
+        Some(Peak {
+            op,
+            name: event.name,
+            scopes: event
+                .scopes
+                .iter()
+                .map(|&name| self.scope_names[name as usize].clone())
+                .collect(),
+            memory: event.memory?,
+        })
+    }
+}
+
+/// An open [`scope`]; closes it when dropped.
+#[derive(Debug)]
+#[must_use = "the scope closes when this guard is dropped"]
+pub struct ScopeGuard {
+    open: Option<(OpenScope, u32)>,
+}
+
+/// Opens a named scope on this thread until the returned guard is dropped (PyTorch's
+/// `record_function`): operations recorded meanwhile carry it, and it appears in the table
+/// and the trace with its own time. Costs nothing when no profiler runs.
+pub fn scope(name: &str) -> ScopeGuard {
+    if !ACTIVE.load(Ordering::Relaxed) {
+        return ScopeGuard { open: None };
+    }
+    let Some(id) = lock(&RECORDING).as_mut().map(|rec| rec.intern(name)) else {
+        return ScopeGuard { open: None };
+    };
+    let scope = OpenScope {
+        name: id,
+        start: std::time::Instant::now(),
+        session: SESSION.load(Ordering::Relaxed),
+    };
+    let depth = OPEN_SCOPES.with(|stack| {
+        let mut stack = stack.borrow_mut();
+        stack.retain(|open| open.session == scope.session);
+        stack.push(scope);
+        stack.len() as u32 - 1
+    });
+    ScopeGuard {
+        open: Some((scope, depth)),
+    }
+}
+
+impl Drop for ScopeGuard {
+    fn drop(&mut self) {
+        let Some((scope, depth)) = self.open.take() else {
+            return;
+        };
+        let was_open = OPEN_SCOPES.with(|stack| {
+            let mut stack = stack.borrow_mut();
+            match stack
+                .iter()
+                .rposition(|open| open.session == scope.session && open.start == scope.start)
+            {
+                Some(index) => {
+                    stack.remove(index);
+                    true
+                }
+                None => false,
+            }
+        });
+        if was_open {
+            record::close_scope(scope, depth, false);
+        }
+    }
+}
