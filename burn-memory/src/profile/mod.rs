@@ -49,7 +49,7 @@ mod table;
 mod trace;
 
 pub use backend::Profiled;
-pub use record::{OpEvent, ScopeEvent, TensorDesc};
+pub use record::{AllocAction, AllocEvent, OpEvent, ScopeEvent, TensorDesc};
 
 pub use table::{KeyAverages, KeyAveragesRow, RowKind, SortBy};
 
@@ -232,6 +232,9 @@ pub struct Profile {
     pub scopes: Vec<ScopeEvent>,
     /// The scope names the events refer to by index.
     pub scope_names: Vec<String>,
+    /// Heap allocations and frees, in order, on CPU backends with a
+    /// [`CountingAllocator`](crate::CountingAllocator) (empty elsewhere).
+    pub allocations: Vec<AllocEvent>,
     /// Events not recorded because `max_entries` was reached.
     pub dropped: u64,
 }
@@ -243,6 +246,7 @@ impl From<Option<Recording>> for Profile {
                 ops: recording.ops,
                 scopes: recording.scopes,
                 scope_names: recording.scope_names,
+                allocations: Vec::new(),
                 dropped: recording.dropped,
             },
             None => Self::default(),

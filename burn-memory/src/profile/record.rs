@@ -82,6 +82,38 @@ impl OpEvent {
     }
 }
 
+/// Whether an [`AllocEvent`] took or gave back memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum AllocAction {
+    /// Bytes allocated.
+    Alloc,
+    /// Bytes freed.
+    Free,
+}
+
+/// One heap allocation or free on a CPU backend, recorded through the
+/// [`CountingAllocator`](crate::CountingAllocator) while a profiler samples memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AllocEvent {
+    /// Allocation or free.
+    pub action: AllocAction,
+    /// The block's address.
+    pub address: u64,
+    /// The block's size in bytes.
+    pub size: u64,
+    /// Nanoseconds from the session's start.
+    pub time_ns: u64,
+    /// The thread.
+    pub thread: u32,
+    /// The operation running on that thread at the time, if any.
+    pub op: Option<&'static str>,
+    /// The innermost scope open on that thread at the time, if any (an index into
+    /// [`Profile::scope_names`](super::Profile)).
+    pub scope: Option<u32>,
+    /// Heap bytes in use just after the event, as the allocator counts them.
+    pub in_use: u64,
+}
+
 /// One user scope ([`scope`](super::scope)) as it ran on a thread.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScopeEvent {
