@@ -10,23 +10,27 @@
 //! cargo run --release -p examples --example train_mnist -- --checkpoint-segments 2
 //! cargo run --release -p examples --example train_mnist -- --backend wgpu --amp f16
 //! cargo run --release -p examples --features cuda --example train_mnist -- --backend cuda
+//! cargo run --release -p examples --example train_mnist -- --epochs 1 --profile target/profile
 //! ```
 //!
 //! The data is the 10,000-digit sample embedded in `examples/data/mnist10k` (8,000 train,
 //! 2,000 test); `--data DIR` reads a full MNIST in the same IDX format. Logs and a checkpoint
 //! per epoch go to `--dir` (default `target/train_mnist/<sketched|dense>`); `--resume`
-//! continues from its newest complete checkpoint.
+//! continues from its newest complete checkpoint. `--profile DIR` trains on
+//! `Autodiff<Profiled<B>>` and records steps 4 to 6 (`--profile-skip`, `--profile-steps`)
+//! inside the learner: the operation table, a Chrome trace and where memory peaked.
 
 use std::path::PathBuf;
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn_memory::Precision;
+use burn_memory::profile::{Profiled, Profiler, ProfilerConfig, StepProfiler};
 use clap::{Parser, ValueEnum};
 use examples::backend::BackendKind;
 use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
-use examples::training::{TrainingConfig, describe, train};
+use examples::training::{TrainingConfig, describe, train, train_profiled};
 
 /// On NdArray every operation allocates its output. mimalloc keeps freed blocks for the next
 /// step where glibc hands large ones back to the OS and page-faults them in again. The counting
@@ -91,6 +95,21 @@ struct Args {
     /// weights. Needs a backend with that type (Flex, wgpu; NdArray has only f32/f64).
     #[arg(long, value_enum)]
     amp: Option<AmpKind>,
+    /// Profile a few training steps inside the learner and write the operation table, the
+    /// Chrome trace and where memory peaked to DIR.
+    #[arg(long, value_name = "DIR", conflicts_with = "checkpointing")]
+    profile: Option<PathBuf>,
+    /// With --profile: training steps to run before profiling (warm-up).
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "profile")]
+    profile_skip: usize,
+    /// With --profile: training steps to profile.
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "profile",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    profile_steps: u64,
+    /// With --profile: sync the device after every operation, so that each records its
+    /// device time (slower; changes the timing of lazy backends such as wgpu).
+    #[arg(long, requires = "profile")]
+    profile_sync: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -126,8 +145,27 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|| PathBuf::from("target/train_mnist").join(kind));
 
     let report = examples::with_backend!(args.backend, |B| {
-        let device = Default::default();
-        if args.checkpointing {
+        let device: burn::tensor::Device<B> = Default::default();
+        if let Some(profile_dir) = &args.profile {
+            let profile = ProfilerConfig::new()
+                .with_record_shapes(true)
+                .with_sync_each_op(args.profile_sync);
+            let memory_device = device.clone();
+            let profiler = StepProfiler::new(
+                profile_dir.clone(),
+                args.profile_skip,
+                args.profile_steps as usize,
+                move || Profiler::start_with_memory::<B>(profile, &memory_device),
+            )?;
+            train_profiled::<Autodiff<Profiled<B>>>(
+                &config,
+                &data,
+                &dir,
+                args.resume,
+                &device,
+                profiler,
+            )?
+        } else if args.checkpointing {
             type Balanced = Autodiff<B, BalancedCheckpointing>;
             train::<Balanced>(&config, &data, &dir, args.resume, &device)?
         } else {
@@ -160,5 +198,11 @@ fn main() -> anyhow::Result<()> {
         args.epochs
     );
     println!("run directory:            {}", dir.display());
+    if let Some(profile_dir) = &report.profile_dir {
+        println!(
+            "profile:                  {} (viewer.html, operations.txt, trace.json, peak.txt)",
+            profile_dir.display()
+        );
+    }
     Ok(())
 }

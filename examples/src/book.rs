@@ -22,6 +22,7 @@ pages! {
     MemoryOverview => "memory/overview.md",
     Measure => "memory/measure.md",
     FindThePeak => "memory/find-the-peak.md",
+    Profiler => "memory/profiler.md",
     Checkpointing => "memory/checkpointing.md",
     MixedPrecision => "memory/mixed-precision.md",
     BatchSize => "memory/batch-size.md",

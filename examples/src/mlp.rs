@@ -9,6 +9,7 @@ use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor};
 use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
+use burn_memory::profile::{StepProfiler, scope};
 use burn_memory::{Layers, MixedPrecision, Segments, SharedMixedPrecision, segmented_backward};
 use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
 
@@ -52,6 +53,10 @@ pub struct Mlp<B: Backend> {
     /// part of the model's record.
     #[module(skip)]
     segments: Option<Segments>,
+    /// Profiling of a window of training steps (burn-memory), if on: each step marks its
+    /// start. A run-time choice, not part of the model's record.
+    #[module(skip)]
+    profiler: Option<StepProfiler>,
 }
 
 impl MlpConfig {
@@ -77,14 +82,32 @@ impl MlpConfig {
             output: LinearConfig::new(last, self.classes).init(device),
             amp: SharedMixedPrecision::none(),
             segments: None,
+            profiler: None,
         }
     }
 }
 
 impl<B: SketchBackend> Mlp<B> {
     /// Logits `[n, classes]` for inputs `[n, d_input]`.
+    ///
+    /// Each layer runs in a profiler scope (`hidden 1`, …, `output`), which names it in
+    /// `train_mnist --profile`'s table, trace and memory peak, and costs an atomic load
+    /// otherwise.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        (0..self.num_layers()).fold(x, |x, index| self.forward_layer(index, x))
+        const HIDDEN: [&str; 8] = [
+            "hidden 1", "hidden 2", "hidden 3", "hidden 4", "hidden 5", "hidden 6", "hidden 7",
+            "hidden 8",
+        ];
+        let layers = self.num_layers();
+        (0..layers).fold(x, |x, index| {
+            let name = if index + 1 == layers {
+                "output"
+            } else {
+                HIDDEN.get(index).copied().unwrap_or("hidden")
+            };
+            let _layer = scope(name);
+            self.forward_layer(index, x)
+        })
     }
 }
 
@@ -128,6 +151,7 @@ impl<B: Backend> Mlp<B> {
             output: self.output.clone(),
             amp: self.amp.clone(),
             segments: self.segments.clone(),
+            profiler: self.profiler.clone(),
         })
     }
 
@@ -162,6 +186,13 @@ impl<B: Backend> Mlp<B> {
         segments.ranges(self.layer_count())?;
         self.segments = Some(segments);
         Ok(self)
+    }
+
+    /// The model with `profiler` told of each training step's start (see burn-memory's
+    /// `StepProfiler`).
+    pub fn with_profiler(mut self, profiler: StepProfiler) -> Self {
+        self.profiler = Some(profiler);
+        self
     }
 
     /// The layers segment checkpointing splits: the hidden layers and the output layer.
@@ -218,12 +249,22 @@ where
     type Output = ClassificationOutput<B>;
 
     fn step(&self, batch: DigitBatch<B>) -> TrainOutput<ClassificationOutput<B>> {
+        if let Some(profiler) = &self.profiler {
+            profiler.step();
+        }
         if let Some(segments) = &self.segments {
             return self.segmented_step(segments, batch);
         }
         let Some(mut amp) = self.amp.lock() else {
-            let item = self.forward_classification(batch);
-            return TrainOutput::new(self, item.loss.backward(), item);
+            let item = {
+                let _forward = scope("forward");
+                self.forward_classification(batch)
+            };
+            let grads = {
+                let _backward = scope("backward");
+                item.loss.backward()
+            };
+            return TrainOutput::new(self, grads, item);
         };
         // Forward and backward in the compute type; logits back in f32 for a stable loss.
         let logits = amp

@@ -18,6 +18,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use burn::train::metric::{AccuracyMetric, CpuUse, LossMetric};
 use burn::train::{Learner, SupervisedTraining, TrainStep};
+use burn_memory::profile::StepProfiler;
 use burn_memory::{
     BatchSizeSearchConfig, DeviceMemory, DeviceMemoryMetric, LossScale, MemoryBudget,
     MixedPrecision, MixedPrecisionConfig, Precision, Segments,
@@ -116,6 +117,8 @@ pub struct TrainingReport {
     pub batch_size: usize,
     /// The mixed-precision state at the end (loss scale, skipped steps), with `amp`.
     pub amp: Option<MixedPrecision>,
+    /// Where the profile of the profiled steps was written, with [`train_profiled`].
+    pub profile_dir: Option<PathBuf>,
 }
 
 /// Trains on the MNIST files in `data_dir`, writing logs and checkpoints to `dir`.
@@ -129,6 +132,42 @@ pub fn train<B>(
     dir: &Path,
     resume: bool,
     device: &B::Device,
+) -> Result<TrainingReport, TrainingError>
+where
+    B: AutodiffBackend + SketchBackend + DeviceMemory,
+    B::InnerBackend: SketchBackend,
+{
+    run::<B>(config, data_dir, dir, resume, device, None)
+}
+
+/// [`train`] with `profiler` marking each training step inside the learner: it records the
+/// steps of its window (`B` is then `Autodiff<Profiled<_>>`) and writes the profile; the
+/// report says where.
+///
+/// # Errors
+/// As [`train`], and [`TrainingError::Memory`] when the profile could not be written.
+pub fn train_profiled<B>(
+    config: &TrainingConfig,
+    data_dir: &Path,
+    dir: &Path,
+    resume: bool,
+    device: &B::Device,
+    profiler: StepProfiler,
+) -> Result<TrainingReport, TrainingError>
+where
+    B: AutodiffBackend + SketchBackend + DeviceMemory,
+    B::InnerBackend: SketchBackend,
+{
+    run::<B>(config, data_dir, dir, resume, device, Some(profiler))
+}
+
+fn run<B>(
+    config: &TrainingConfig,
+    data_dir: &Path,
+    dir: &Path,
+    resume: bool,
+    device: &B::Device,
+    profiler: Option<StepProfiler>,
 ) -> Result<TrainingReport, TrainingError>
 where
     B: AutodiffBackend + SketchBackend + DeviceMemory,
@@ -163,6 +202,9 @@ where
     let mut model = with_amp(config.model.init(device));
     if let Some(count) = config.checkpoint_segments {
         model = model.with_segments(Segments::Count(count))?;
+    }
+    if let Some(profiler) = &profiler {
+        model = model.with_profiler(profiler.clone());
     }
     let train_data = DigitDataset::new(train_set);
     let batch_size = match config.auto_batch_mb {
@@ -216,6 +258,7 @@ where
     // The renderer prints its summary when dropped: let it do so before the report.
     drop(result.renderer);
     let model = result.model;
+    let profile_dir = profiler.map(|profiler| profiler.finish()).transpose()?;
 
     let (train_loss, _) = evaluate(&model, &train_data, device);
     let (_, test_accuracy) = evaluate(&model, &test_data, device);
@@ -228,6 +271,7 @@ where
         seconds,
         batch_size,
         amp: model.amp(),
+        profile_dir,
     })
 }
 

@@ -7,8 +7,12 @@
 //! - `overhead`: kernel launches, pool reservations, new device buffers, host reads, device
 //!   waits and queue submissions per call of `SkLinear` and dense `nn::Linear` on wgpu,
 //!   counted from CubeCL's tracing spans and wgpu-core's API log.
+//! - `profiler-cost`: an MNIST training step with and without burn-memory's profiler
+//!   recording, the median step time of each.
 //! - `book`: builds the mdBook under `docs/` and checks its pages and links (`--browser`: in
 //!   headless Chromium too).
+//! - `profile-viewer`: writes burn-memory's HTML profile viewer for a profiled MLP step and a
+//!   synthetic 100 000-allocation profile, and checks in headless Chromium that it draws.
 //! - `profiled-ops`: generates `burn-memory/src/profile/ops.rs`, the forwarding of Burn's
 //!   operation traits for burn-memory's profiling backend, from burn-backend's sources.
 //!
@@ -23,6 +27,8 @@ mod overhead;
 mod own_process;
 mod products;
 mod profiled_ops;
+mod profiler_cost;
+mod viewer;
 
 /// Benchmarks run on mimalloc. On CPU backends every call allocates its output, and glibc's
 /// allocator hands large freed blocks back to the OS and page-faults them in again on the next
@@ -54,6 +60,10 @@ enum Task {
     Overhead(overhead::OverheadArgs),
     /// Generate burn-memory's profiling backend's forwarding of Burn's operation traits.
     ProfiledOps,
+    /// Write the HTML profile viewer for a real and a synthetic profile; check it in Chromium.
+    ProfileViewer(viewer::ViewerArgs),
+    /// Time an MNIST training step with and without burn-memory's profiler recording.
+    ProfilerCost(profiler_cost::ProfilerCostArgs),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +89,20 @@ fn main() -> ExitCode {
             Ok(_) => ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("overhead failed: {err:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Task::ProfilerCost(args) => match profiler_cost::run(&args) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("profiler-cost failed: {err:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Task::ProfileViewer(args) => match viewer::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("profile-viewer failed: {err:#}");
                 ExitCode::FAILURE
             }
         },

@@ -45,12 +45,16 @@
 mod backend;
 mod ops;
 pub mod record;
+mod snapshot;
+mod steps;
 mod table;
 mod trace;
+mod viewer;
 
 pub use backend::Profiled;
 pub use record::{AllocAction, AllocEvent, OpEvent, ScopeEvent, TensorDesc};
 
+pub use steps::{StepProfiler, write_profile};
 pub use table::{KeyAverages, KeyAveragesRow, RowKind, SortBy};
 
 use std::sync::atomic::Ordering;
@@ -123,7 +127,7 @@ impl Profiler {
     /// [`MemoryError::Invalid`] for `max_entries = 0`; [`MemoryError::ProfilerRunning`] when
     /// another profiler is running in the process.
     pub fn start(config: ProfilerConfig) -> Result<Self, MemoryError> {
-        Self::start_sampling(config, None)
+        Self::start_sampling(config, None, false)
     }
 
     /// Starts recording, and after each operation reads `device`'s memory into the
@@ -141,15 +145,24 @@ impl Profiler {
         config: ProfilerConfig,
         device: &B::Device,
     ) -> Result<Self, MemoryError> {
-        let device = device.clone();
-        let sampler: record::Sampler =
-            Box::new(move || B::memory_usage(&device, B::current_stream()).ok());
-        Self::start_sampling(config, Some(sampler))
+        let sampler: record::Sampler = if B::SOURCE == crate::MemorySource::Process
+            && crate::measure::heap::counts().is_some()
+        {
+            cpu_sampler()
+        } else {
+            let device = device.clone();
+            Box::new(move || B::memory_usage(&device, B::current_stream()).ok())
+        };
+        // Heap blocks are the tensors' memory only on CPU backends; elsewhere they would be
+        // the host side's bookkeeping.
+        let log_allocations = B::SOURCE == crate::MemorySource::Process;
+        Self::start_sampling(config, Some(sampler), log_allocations)
     }
 
     fn start_sampling(
         config: ProfilerConfig,
         sampler: Option<record::Sampler>,
+        log_allocations: bool,
     ) -> Result<Self, MemoryError> {
         if config.max_entries == 0 {
             return Err(MemoryError::Invalid {
@@ -161,15 +174,22 @@ impl Profiler {
         if recording.is_some() {
             return Err(MemoryError::ProfilerRunning);
         }
-        *recording = Some(Recording::new(
+        let new = Recording::new(
             Settings {
                 record_shapes: config.record_shapes,
                 sync_each_op: config.sync_each_op,
                 max_entries: config.max_entries,
             },
             sampler,
-        ));
+        );
+        let started = new.started;
+        *recording = Some(new);
         let session = SESSION.fetch_add(1, Ordering::Relaxed) + 1;
+        if log_allocations {
+            // Under `RECORDING`'s lock, so that no other profiler starts meanwhile; the
+            // allocator never takes that lock, so allocating the log's buffer here is safe.
+            crate::measure::heap::start_log(config.max_entries, started, session);
+        }
         ACTIVE.store(true, Ordering::Relaxed);
         Ok(Self { session })
     }
@@ -190,8 +210,12 @@ impl Profiler {
         for &(scope, depth) in left_open.iter().rev() {
             record::close_scope(scope, depth, true);
         }
-        let recording = self.end();
-        let profile = Profile::from(recording);
+        let (recording, log) = self.end();
+        let mut profile = Profile::from(recording);
+        if let Some(log) = log {
+            profile.allocations = log.events.to_vec();
+            profile.dropped += log.dropped;
+        }
         for scope in profile.scopes.iter().filter(|scope| scope.left_open) {
             tracing::warn!(
                 "profiler: scope `{}` was still open when the profiler stopped; closed there",
@@ -200,20 +224,23 @@ impl Profiler {
         }
         if profile.dropped > 0 {
             tracing::warn!(
-                "profiler: {} events past max_entries were not recorded",
+                "profiler: {} events (operations, scopes, allocations) past max_entries were \
+                 not recorded",
                 profile.dropped
             );
         }
         profile
     }
 
-    fn end(&self) -> Option<Recording> {
+    /// Ends the session, if still this one, returning its recording and allocation log.
+    fn end(&self) -> (Option<Recording>, Option<crate::measure::heap::AllocLog>) {
         let mut recording = lock(&RECORDING);
         if SESSION.load(Ordering::Relaxed) != self.session {
-            return None;
+            return (None, None);
         }
         ACTIVE.store(false, Ordering::Relaxed);
-        recording.take()
+        let log = crate::measure::heap::stop_log();
+        (recording.take(), log)
     }
 }
 
@@ -233,9 +260,15 @@ pub struct Profile {
     /// The scope names the events refer to by index.
     pub scope_names: Vec<String>,
     /// Heap allocations and frees, in order, on CPU backends with a
-    /// [`CountingAllocator`](crate::CountingAllocator) (empty elsewhere).
+    /// [`CountingAllocator`](crate::CountingAllocator), when the profiler sampled memory
+    /// ([`Profiler::start_with_memory`]); empty elsewhere. Every allocation of the process
+    /// is there, the profiler's own records included, so that the sizes add up exactly to
+    /// the counted bytes in use: each event's [`in_use`](AllocEvent::in_use) is the previous
+    /// one's plus or minus its size. At most `max_entries` of them.
     pub allocations: Vec<AllocEvent>,
-    /// Events not recorded because `max_entries` was reached.
+    /// Events not recorded because `max_entries` was reached: operations and scopes past
+    /// `max_entries` of them, and allocations and frees past `max_entries` of those (the
+    /// allocation log keeps the first ones, so that what it holds stays consistent).
     pub dropped: u64,
 }
 
@@ -252,6 +285,29 @@ impl From<Option<Recording>> for Profile {
             None => Self::default(),
         }
     }
+}
+
+/// The memory of a CPU backend with a counting allocator, cheap enough for every operation:
+/// the heap count is two atomic loads, while the resident size (the "reserved" figure on
+/// CPU) is a read of `/proc`, tens of microseconds, so it is refreshed at most once a
+/// millisecond.
+fn cpu_sampler() -> record::Sampler {
+    let resident = std::sync::Mutex::new(None::<(std::time::Instant, u64)>);
+    Box::new(move || {
+        let (in_use, _) = crate::measure::heap::counts()?;
+        let mut cached = lock(&resident);
+        let stale =
+            cached.is_none_or(|(at, _)| at.elapsed() >= std::time::Duration::from_millis(1));
+        if stale {
+            let bytes = crate::measure::process::resident_bytes()
+                .ok()
+                .or(cached.map(|(_, bytes)| bytes))
+                .unwrap_or(in_use);
+            *cached = Some((std::time::Instant::now(), bytes));
+        }
+        let reserved = cached.map_or(in_use, |(_, bytes)| bytes);
+        Some(MemoryUsage { in_use, reserved })
+    })
 }
 
 /// Where a profiled run's memory peaked.
@@ -295,6 +351,8 @@ impl Profile {
 #[must_use = "the scope closes when this guard is dropped"]
 pub struct ScopeGuard {
     open: Option<(OpenScope, u32)>,
+    /// The innermost scope before this one, for the allocation log.
+    outer: Option<(u64, u32)>,
 }
 
 /// Opens a named scope on this thread until the returned guard is dropped (PyTorch's
@@ -302,10 +360,16 @@ pub struct ScopeGuard {
 /// and the trace with its own time. Costs nothing when no profiler runs.
 pub fn scope(name: &str) -> ScopeGuard {
     if !ACTIVE.load(Ordering::Relaxed) {
-        return ScopeGuard { open: None };
+        return ScopeGuard {
+            open: None,
+            outer: None,
+        };
     }
     let Some(id) = lock(&RECORDING).as_mut().map(|rec| rec.intern(name)) else {
-        return ScopeGuard { open: None };
+        return ScopeGuard {
+            open: None,
+            outer: None,
+        };
     };
     let scope = OpenScope {
         name: id,
@@ -318,8 +382,10 @@ pub fn scope(name: &str) -> ScopeGuard {
         stack.push(scope);
         stack.len() as u32 - 1
     });
+    let outer = record::enter_scope(scope.session, id);
     ScopeGuard {
         open: Some((scope, depth)),
+        outer,
     }
 }
 
@@ -328,6 +394,7 @@ impl Drop for ScopeGuard {
         let Some((scope, depth)) = self.open.take() else {
             return;
         };
+        record::leave_scope(self.outer);
         let was_open = OPEN_SCOPES.with(|stack| {
             let mut stack = stack.borrow_mut();
             match stack

@@ -8,7 +8,7 @@
 //! operation, and an [`OpEvent`] is appended to the session (up to its `max_entries`; later
 //! events are counted as dropped).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -204,13 +204,58 @@ pub(crate) struct OpenScope {
 }
 
 thread_local! {
-    static THREAD: u32 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed) as u32;
+    /// The thread's number, 0 until first asked. `const`-initialised, like the two below,
+    /// because the allocator reads it: a lazily initialised thread-local may allocate on
+    /// first use, and registers a destructor.
+    static THREAD: Cell<u32> = const { Cell::new(0) };
     pub(crate) static OPEN_SCOPES: RefCell<Vec<OpenScope>> = const { RefCell::new(Vec::new()) };
+    /// The operation running on this thread, for the allocation log: set by [`Call::start`],
+    /// restored by [`Call::finish`].
+    static CURRENT_OP: Cell<Option<&'static str>> = const { Cell::new(None) };
+    /// The innermost scope open on this thread and its session, for the allocation log
+    /// (`OPEN_SCOPES` cannot be read from the allocator: it may be borrowed mutably while
+    /// it grows).
+    static CURRENT_SCOPE: Cell<Option<(u64, u32)>> = const { Cell::new(None) };
 }
 
-/// The calling thread's number in the trace.
+/// The calling thread's number in the trace. Allocates nothing (the allocator calls it).
 pub(crate) fn thread_number() -> u32 {
-    THREAD.with(|thread| *thread)
+    THREAD
+        .try_with(|thread| {
+            if thread.get() == 0 {
+                thread.set(NEXT_THREAD.fetch_add(1, Ordering::Relaxed) as u32);
+            }
+            thread.get()
+        })
+        .unwrap_or(0)
+}
+
+/// Makes `scope` (of `session`) this thread's innermost scope for the allocation log, and
+/// returns the one it replaces, to restore when it closes.
+pub(crate) fn enter_scope(session: u64, scope: u32) -> Option<(u64, u32)> {
+    CURRENT_SCOPE
+        .try_with(|current| current.replace(Some((session, scope))))
+        .ok()
+        .flatten()
+}
+
+/// Restores the innermost scope [`enter_scope`] replaced.
+pub(crate) fn leave_scope(previous: Option<(u64, u32)>) {
+    let _ = CURRENT_SCOPE.try_with(|current| current.set(previous));
+}
+
+/// What an [`AllocEvent`] made now on this thread records of its context: the thread's
+/// number, the operation running, and the innermost scope of `session`. Called by the
+/// allocator, so it allocates nothing: `try_with` on `const` cells, which also answers
+/// during thread teardown.
+pub(crate) fn alloc_context(session: u64) -> (u32, Option<&'static str>, Option<u32>) {
+    let op = CURRENT_OP.try_with(Cell::get).ok().flatten();
+    let scope = CURRENT_SCOPE
+        .try_with(Cell::get)
+        .ok()
+        .flatten()
+        .and_then(|(open_in, scope)| (open_in == session).then_some(scope));
+    (thread_number(), op, scope)
 }
 
 /// The scopes open on this thread in the current session, outermost first.
@@ -236,6 +281,9 @@ pub struct Call {
     inputs: Vec<TensorDesc>,
     sync_each_op: bool,
     started: Instant,
+    /// The operation this one runs inside on the same thread (a `Profiled<Profiled<B>>`'s
+    /// outer one), restored as the current operation when this one finishes.
+    outer_op: Option<&'static str>,
 }
 
 impl Call {
@@ -253,11 +301,16 @@ impl Call {
         } else {
             Vec::new()
         };
+        let outer_op = CURRENT_OP
+            .try_with(|op| op.replace(Some(name)))
+            .ok()
+            .flatten();
         Some(Self {
             name,
             inputs,
             sync_each_op: settings.sync_each_op,
             started: Instant::now(),
+            outer_op,
         })
     }
 
@@ -267,11 +320,13 @@ impl Call {
     /// where there is neither). `sync` is called only when the session syncs each
     /// operation; a failed sync is reported as a warning and leaves the device time out.
     pub fn finish(
-        self,
+        mut self,
         outputs: impl FnOnce() -> Vec<TensorDesc>,
         sync: impl FnOnce() -> Result<(), ExecutionError>,
     ) {
         let host = self.started.elapsed();
+        // The operation's own allocations are over; the record's are the profiler's.
+        let _ = CURRENT_OP.try_with(|op| op.set(self.outer_op));
         let device = if self.sync_each_op {
             match sync() {
                 Ok(()) => Some(nanos(self.started.elapsed())),
@@ -302,11 +357,19 @@ impl Call {
             start_ns,
             host_ns: nanos(host),
             device_ns: device,
-            inputs: self.inputs,
+            inputs: std::mem::take(&mut self.inputs),
             outputs,
             scopes,
             memory,
         });
+    }
+}
+
+impl Drop for Call {
+    /// Restores the thread's current operation also when the inner backend panicked and
+    /// [`finish`](Self::finish) never ran, so that later allocations are not charged to it.
+    fn drop(&mut self) {
+        let _ = CURRENT_OP.try_with(|op| op.set(self.outer_op));
     }
 }
 

@@ -19,5 +19,7 @@ mod offload;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;
 mod profile;
+mod profile_memory;
+mod profile_viewer;
 mod segments;
 mod wgpu;

@@ -22,7 +22,7 @@ use burn_memory::profile::{
 
 static PROFILER: Mutex<()> = Mutex::new(());
 
-fn exclusive() -> MutexGuard<'static, ()> {
+pub(crate) fn exclusive() -> MutexGuard<'static, ()> {
     PROFILER.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
