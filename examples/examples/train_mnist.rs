@@ -150,6 +150,8 @@ fn main() -> anyhow::Result<()> {
             let profile = ProfilerConfig::new()
                 .with_record_shapes(true)
                 .with_sync_each_op(args.profile_sync);
+            // `Copy` for the CPU backends' devices, not for wgpu's.
+            #[allow(clippy::clone_on_copy)]
             let memory_device = device.clone();
             let profiler = StepProfiler::new(
                 profile_dir.clone(),
