@@ -124,6 +124,15 @@ fn every_operation_reaches_the_inner_backend_wgpu() {
 /// profiler type.
 #[test]
 fn profiled_results_equal_the_inner_backends() {
+    // In a process of its own: the seed fixes the draws only where no other test draws from
+    // the same generator meanwhile.
+    crate::own_process::in_own_process(
+        "profile::profiled_results_equal_the_inner_backends",
+        same_results,
+    );
+}
+
+fn same_results() {
     let _lock = exclusive();
     let device = Default::default();
     <NdArray as Backend>::seed(&device, 7);
@@ -182,6 +191,15 @@ fn gradients<B: AutodiffBackend>(seed: u64) -> Vec<TensorData> {
 /// statistics and gradients, bit for bit; and the backward's operations are recorded.
 #[test]
 fn autodiff_over_profiled_gives_the_same_gradients() {
+    // In a process of its own, for the same dropout masks and weights on both sides: the
+    // seed fixes the draws only where no other test draws from the generator meanwhile.
+    crate::own_process::in_own_process(
+        "profile::autodiff_over_profiled_gives_the_same_gradients",
+        same_gradients,
+    );
+}
+
+fn same_gradients() {
     let _lock = exclusive();
     let plain = gradients::<Autodiff<NdArray>>(3);
     let profiler = Profiler::start(ProfilerConfig::new()).unwrap();

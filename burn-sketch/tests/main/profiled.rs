@@ -2,18 +2,54 @@
 //! running the inner backend's own path, with the gradients of the unprofiled backend.
 
 use burn::backend::{Autodiff, NdArray};
+use burn::module::Param;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Tensor, TensorData, Tolerance};
 use burn_memory::profile::{Profile, Profiled, Profiler, ProfilerConfig};
-use burn_sketch::{SkLinearConfig, SketchBackend};
+use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
 
-/// One training step of a sketched layer; with `profile`, only the step is recorded (not the
-/// initialisation).
-fn step<B: AutodiffBackend + SketchBackend>(profile: bool) -> ([TensorData; 2], Profile) {
+/// The layer's tensors and the input, drawn once. Seeding each backend would not make two
+/// draws equal: the random generator is shared with the tests running beside this one.
+struct Fixture {
+    factors: [TensorData; 4],
+    bias: TensorData,
+    x: TensorData,
+}
+
+fn fixture() -> Fixture {
     let device = Default::default();
-    B::seed(&device, 11);
-    let layer = SkLinearConfig::new(24, 10, 2, 4).init::<B>(&device);
-    let x = Tensor::<B, 2>::random([6, 24], Distribution::Default, &device).require_grad();
+    let layer = SkLinearConfig::new(24, 10, 2, 4).init::<NdArray>(&device);
+    Fixture {
+        factors: [&layer.s1s, &layer.s2s, &layer.u1s, &layer.u2s].map(|p| p.val().into_data()),
+        bias: layer.bias.as_ref().expect("a bias").val().into_data(),
+        x: Tensor::<NdArray, 2>::random([6, 24], Distribution::Default, &device).into_data(),
+    }
+}
+
+/// One training step of the fixture's layer on `B`; with `profile`, only the step is recorded
+/// (not the construction).
+fn step<B: AutodiffBackend + SketchBackend>(
+    fixture: &Fixture,
+    profile: bool,
+) -> ([TensorData; 2], Profile) {
+    let device = Default::default();
+    let config = SkLinearConfig::new(24, 10, 2, 4);
+    let factor = |index: usize, trainable: bool| {
+        let tensor = Tensor::<B, 3>::from_data(fixture.factors[index].clone(), &device);
+        Param::from_tensor(tensor).set_require_grad(trainable)
+    };
+    let layer = SkLinear {
+        s1s: factor(0, true),
+        s2s: factor(1, true),
+        u1s: factor(2, false),
+        u2s: factor(3, false),
+        bias: Some(Param::from_tensor(Tensor::from_data(
+            fixture.bias.clone(),
+            &device,
+        ))),
+        ..config.init::<B>(&device)
+    };
+    let x = Tensor::<B, 2>::from_data(fixture.x.clone(), &device).require_grad();
     let profiler =
         profile.then(|| Profiler::start(ProfilerConfig::new().with_record_shapes(true)).unwrap());
     let grads = layer.forward(x.clone()).powi_scalar(2).sum().backward();
@@ -27,8 +63,9 @@ fn step<B: AutodiffBackend + SketchBackend>(profile: bool) -> ([TensorData; 2], 
 
 #[test]
 fn sketched_products_are_recorded_once_with_the_inner_gradients() {
-    let (plain, _) = step::<Autodiff<NdArray>>(false);
-    let (profiled, profile) = step::<Autodiff<Profiled<NdArray>>>(true);
+    let fixture = fixture();
+    let (plain, _) = step::<Autodiff<NdArray>>(&fixture, false);
+    let (profiled, profile) = step::<Autodiff<Profiled<NdArray>>>(&fixture, true);
     for (plain, profiled) in plain.iter().zip(&profiled) {
         plain.assert_approx_eq::<f32>(profiled, Tolerance::absolute(0.0));
     }
