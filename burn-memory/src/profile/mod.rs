@@ -176,8 +176,6 @@ impl Profiler {
         }
         let new = Recording::new(
             Settings {
-                record_shapes: config.record_shapes,
-                sync_each_op: config.sync_each_op,
                 max_entries: config.max_entries,
             },
             sampler,
@@ -190,6 +188,8 @@ impl Profiler {
             // allocator never takes that lock, so allocating the log's buffer here is safe.
             crate::measure::heap::start_log(config.max_entries, started, session);
         }
+        record::RECORD_SHAPES.store(config.record_shapes, Ordering::Relaxed);
+        record::SYNC_EACH_OP.store(config.sync_each_op, Ordering::Relaxed);
         ACTIVE.store(true, Ordering::Relaxed);
         Ok(Self { session })
     }

@@ -134,8 +134,6 @@ pub struct ScopeEvent {
 /// What a running session is told to record.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Settings {
-    pub record_shapes: bool,
-    pub sync_each_op: bool,
     pub max_entries: usize,
 }
 
@@ -188,6 +186,10 @@ impl Recording {
 
 /// Whether a session runs: the only thing a profiled operation reads when none does.
 pub(crate) static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The running session's `record_shapes` and `sync_each_op`, set before [`ACTIVE`]: read by
+/// every profiled operation, so kept out of the session's mutex.
+pub(crate) static RECORD_SHAPES: AtomicBool = AtomicBool::new(false);
+pub(crate) static SYNC_EACH_OP: AtomicBool = AtomicBool::new(false);
 /// The running session, or `None`.
 pub(crate) static RECORDING: Mutex<Option<Recording>> = Mutex::new(None);
 /// Bumped at each session start, so that a thread's scope stack from an earlier session is
@@ -295,8 +297,7 @@ impl Call {
         if !ACTIVE.load(Ordering::Relaxed) {
             return None;
         }
-        let settings = lock(&RECORDING).as_ref()?.settings;
-        let inputs = if settings.record_shapes {
+        let inputs = if RECORD_SHAPES.load(Ordering::Relaxed) {
             inputs()
         } else {
             Vec::new()
@@ -308,7 +309,7 @@ impl Call {
         Some(Self {
             name,
             inputs,
-            sync_each_op: settings.sync_each_op,
+            sync_each_op: SYNC_EACH_OP.load(Ordering::Relaxed),
             started: Instant::now(),
             outer_op,
         })
