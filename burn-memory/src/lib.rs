@@ -27,6 +27,9 @@
 //!     learned-order prefetcher.
 //!   - [`chunked_forward`]: inference over inputs too large for one pass, with bounded memory.
 //!
+//! - [`distributed`]: training on several devices and machines: layers placed on devices, and
+//!   data-parallel training on burn-collective ([`DataParallel`], feature `collective`).
+//!
 //! Device memory comes from [`DeviceMemory`], implemented for NdArray and Flex (the heap, counted exactly
 //! when a [`CountingAllocator`] is the global allocator, otherwise the process's resident
 //! memory), every CubeCL backend (`Wgpu`, `Cuda`: the CubeCL memory pools), their fusion
@@ -47,6 +50,7 @@
 //! println!("{report}");
 //! ```
 
+pub mod distributed;
 mod error;
 pub mod inference;
 pub mod measure;
@@ -56,6 +60,13 @@ mod own_process;
 pub mod profile;
 pub mod training;
 
+pub use distributed::placement::{
+    DeviceTransfer, MapLayer, Placed, Placement, ToDevice,
+};
+#[cfg(feature = "collective")]
+pub use distributed::{
+    DataParallel, DataParallelConfig, DataParallelReport, DistributedError, NodeConfig, Peer,
+};
 pub use error::MemoryError;
 pub use inference::{chunked_forward, offload};
 #[cfg(feature = "wgpu")]

@@ -11,6 +11,10 @@
 //! cargo run --release -p examples --example train_mnist -- --backend wgpu --amp f16
 //! cargo run --release -p examples --features cuda --example train_mnist -- --backend cuda
 //! cargo run --release -p examples --example train_mnist -- --epochs 1 --profile target/profile
+//! cargo run --release -p examples --example train_mnist -- --devices 2
+//! # two processes (here on one machine), rank 0 serving the orchestrator:
+//! cargo run --release -p examples --example train_mnist -- --nodes 2 --node-rank 0 --orchestrator 127.0.0.1:3000
+//! cargo run --release -p examples --example train_mnist -- --nodes 2 --node-rank 1 --orchestrator 127.0.0.1:3000
 //! ```
 //!
 //! The data is the 10,000-digit sample embedded in `examples/data/mnist10k` (8,000 train,
@@ -19,12 +23,15 @@
 //! continues from its newest complete checkpoint. `--profile DIR` trains on
 //! `Autodiff<Profiled<B>>` and records steps 4 to 6 (`--profile-skip`, `--profile-steps`)
 //! inside the learner: the operation table, a Chrome trace and where memory peaked.
+//! `--devices N` trains N data-parallel peers; `--nodes N --node-rank R --orchestrator ADDR`
+//! makes this process one node of a multi-node run (burn-memory's `DataParallel`).
 
 use std::path::PathBuf;
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn_memory::Precision;
+use burn_memory::distributed::NodeConfig;
 use burn_memory::profile::{Profiled, Profiler, ProfilerConfig, StepProfiler};
 use clap::{Parser, ValueEnum};
 use examples::backend::BackendKind;
@@ -106,6 +113,41 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 3, requires = "profile",
           value_parser = clap::value_parser!(u64).range(1..))]
     profile_steps: u64,
+    /// Data-parallel training on N peers on this machine (threads on the device, on
+    /// burn-collective): each takes batch-size/N digits of every step, and the gradients are
+    /// averaged before each optimizer step.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        conflicts_with = "profile"
+    )]
+    devices: usize,
+    /// Multi-node data parallel: how many processes (nodes) train together. Every node runs
+    /// the same command with its own --node-rank.
+    #[arg(long, value_name = "N", requires_all = ["node_rank", "orchestrator"], conflicts_with = "profile")]
+    nodes: Option<u32>,
+    /// Multi-node: this node's rank, from 0. Rank 0 serves the orchestrator and validates.
+    #[arg(long, value_name = "R", requires = "nodes")]
+    node_rank: Option<u32>,
+    /// Multi-node: the orchestrator's address, HOST:PORT of rank 0's machine.
+    #[arg(long, value_name = "ADDR", requires = "nodes")]
+    orchestrator: Option<String>,
+    /// Multi-node: the host the other nodes reach this node at.
+    #[arg(
+        long,
+        value_name = "HOST",
+        default_value = "127.0.0.1",
+        requires = "nodes"
+    )]
+    node_host: String,
+    /// Multi-node: the port this node serves tensors on (default 3100 + rank).
+    #[arg(long, value_name = "PORT", requires = "nodes")]
+    data_port: Option<u16>,
+    /// Data parallel: seconds a collective operation waits for the other peers before the run
+    /// fails (a peer died or never arrived).
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    collective_timeout: u64,
     /// With --profile: sync the device after every operation, so that each records its
     /// device time (slower; changes the timing of lazy backends such as wgpu).
     #[arg(long, requires = "profile")]
@@ -136,13 +178,29 @@ fn main() -> anyhow::Result<()> {
         .with_amp(args.amp.map(|kind| match kind {
             AmpKind::F16 => Precision::F16,
             AmpKind::Bf16 => Precision::Bf16,
+        }))
+        .with_devices(args.devices)
+        .with_collective_timeout_secs(args.collective_timeout)
+        .with_node(args.nodes.map(|nodes| {
+            let rank = args.node_rank.unwrap_or(0);
+            NodeConfig::new(
+                nodes,
+                rank,
+                args.orchestrator.clone().unwrap_or_default(),
+                args.data_port.unwrap_or(3100 + rank as u16),
+            )
+            .with_host(args.node_host.clone())
         }));
     let data = args.data.clone().unwrap_or_else(Mnist::embedded_dir);
     let kind = if args.dense { "dense" } else { "sketched" };
-    let dir = args
-        .dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("target/train_mnist").join(kind));
+    let dir = args.dir.clone().unwrap_or_else(|| {
+        let dir = PathBuf::from("target/train_mnist").join(kind);
+        // Nodes on one machine must not share their logs and checkpoints.
+        match (args.nodes, args.node_rank) {
+            (Some(_), Some(rank)) => dir.join(format!("node{rank}")),
+            _ => dir,
+        }
+    });
 
     let report = examples::with_backend!(args.backend, |B| {
         let device: burn::tensor::Device<B> = Default::default();
@@ -200,6 +258,9 @@ fn main() -> anyhow::Result<()> {
         args.epochs
     );
     println!("run directory:            {}", dir.display());
+    if let Some(parallel) = &report.parallel {
+        println!("data parallel:            {parallel}");
+    }
     if let Some(profile_dir) = &report.profile_dir {
         println!(
             "profile:                  {} (viewer.html, operations.txt, trace.json, peak.txt)",

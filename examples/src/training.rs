@@ -18,6 +18,9 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use burn::train::metric::{AccuracyMetric, CpuUse, LossMetric};
 use burn::train::{Learner, SupervisedTraining, TrainStep};
+use burn_memory::distributed::{
+    DataParallel, DataParallelConfig, DataParallelReport, DistributedError, NodeConfig,
+};
 use burn_memory::profile::StepProfiler;
 use burn_memory::{
     BatchSizeSearchConfig, DeviceMemory, DeviceMemoryMetric, LossScale, MemoryBudget,
@@ -69,6 +72,18 @@ pub struct TrainingConfig {
     /// `segmented_backward`): only their inputs are kept, each is recomputed in backward.
     #[config(default = "None")]
     pub checkpoint_segments: Option<usize>,
+    /// Data-parallel peers on this machine (burn-memory's `DataParallel` on burn-collective):
+    /// each trains a replica on its shard of the data, with `batch_size / peers` digits per
+    /// step, and the gradients are averaged over all peers of the run. 1, without `node`,
+    /// trains on one device without it.
+    #[config(default = 1)]
+    pub devices: usize,
+    /// This process's node in a multi-node run (every node runs `devices` peers).
+    #[config(default = "None")]
+    pub node: Option<NodeConfig>,
+    /// How long a collective operation may wait for the other peers, in seconds.
+    #[config(default = 600)]
+    pub collective_timeout_secs: u64,
 }
 
 /// Why a run could not start.
@@ -80,6 +95,17 @@ pub enum TrainingError {
     /// The batch-size search failed.
     #[error(transparent)]
     Memory(#[from] burn_memory::MemoryError),
+    /// Data-parallel training failed (a peer died or never arrived, replicas differ...).
+    #[error(transparent)]
+    Distributed(#[from] DistributedError),
+    /// The batch cannot be shared evenly by the peers.
+    #[error("batch size {batch} cannot be split evenly over {peers} data-parallel peers")]
+    UnevenBatch {
+        /// The batch size.
+        batch: usize,
+        /// The peers of the run.
+        peers: usize,
+    },
     /// The run directory could not be prepared.
     #[error("cannot prepare the run directory {path}: {source}")]
     Directory {
@@ -119,6 +145,8 @@ pub struct TrainingReport {
     pub amp: Option<MixedPrecision>,
     /// Where the profile of the profiled steps was written, with [`train_profiled`].
     pub profile_dir: Option<PathBuf>,
+    /// What the peers did, for a data-parallel run.
+    pub parallel: Option<DataParallelReport>,
 }
 
 /// Trains on the MNIST files in `data_dir`, writing logs and checkpoints to `dir`.
@@ -216,8 +244,20 @@ where
         None => config.batch_size,
     };
     let test_data = DigitDataset::new(test_set);
+    let parallel = data_parallel::<B>(config, device)?;
+    // Data parallel: `batch_size` is the step's batch over all peers.
+    let peer_batch = match &parallel {
+        Some((_, peers)) if batch_size % peers != 0 => {
+            return Err(TrainingError::UnevenBatch {
+                batch: batch_size,
+                peers: *peers,
+            });
+        }
+        Some((_, peers)) => batch_size / peers,
+        None => batch_size,
+    };
     let loader_train = DataLoaderBuilder::new(DigitBatcher)
-        .batch_size(batch_size)
+        .batch_size(peer_batch)
         .shuffle(config.seed)
         .num_workers(config.workers)
         .build(train_data.clone());
@@ -236,6 +276,9 @@ where
         .summary();
     if resumed_from > 0 {
         training = training.checkpoint(resumed_from);
+    }
+    if let Some((parallel, _)) = &parallel {
+        training = training.with_training_strategy(parallel.strategy());
     }
     // burn-train's dashboard on a terminal; elsewhere one line per epoch instead of its
     // fallback's debug structure per iteration.
@@ -258,6 +301,9 @@ where
     // The renderer prints its summary when dropped: let it do so before the report.
     drop(result.renderer);
     let model = result.model;
+    let parallel = parallel
+        .map(|(parallel, _)| parallel.report())
+        .transpose()?;
     let profile_dir = profiler.map(|profiler| profiler.finish()).transpose()?;
 
     let (train_loss, _) = evaluate(&model, &train_data, device);
@@ -272,7 +318,45 @@ where
         batch_size,
         amp: model.amp(),
         profile_dir,
+        parallel,
     })
+}
+
+/// The data-parallel run `config` asks for, with its number of peers over all nodes; `None`
+/// for one device. Rank 0 of a multi-node run serves the orchestrator at the port of its
+/// address.
+fn data_parallel<B: AutodiffBackend>(
+    config: &TrainingConfig,
+    device: &B::Device,
+) -> Result<Option<(DataParallel<B>, usize)>, TrainingError> {
+    if config.devices <= 1 && config.node.is_none() {
+        return Ok(None);
+    }
+    let devices = vec![device.clone(); config.devices.max(1)];
+    let peers = devices.len() * config.node.as_ref().map_or(1, |node| node.nodes as usize);
+    let parallel_config = DataParallelConfig::new()
+        .with_timeout(std::time::Duration::from_secs(
+            config.collective_timeout_secs,
+        ))
+        .with_node(config.node.clone());
+    let parallel = DataParallel::new(devices, parallel_config)?;
+    if let Some(node) = &config.node
+        && node.rank == 0
+    {
+        let port = node
+            .orchestrator
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.trim_end_matches('/').parse().ok())
+            .ok_or_else(|| {
+                DistributedError::InvalidConfig(format!(
+                    "`{}` names no port (`host:port`)",
+                    node.orchestrator
+                ))
+            })?;
+        burn_memory::distributed::spawn_orchestrator(port)?;
+        tracing::info!("serving the collective orchestrator on port {port}");
+    }
+    Ok(Some((parallel, peers)))
 }
 
 /// The largest batch size, a multiple of 16 up to the training set's size, whose full training
@@ -367,6 +451,10 @@ fn prepare_dir(config: &TrainingConfig, dir: &Path, resume: bool) -> Result<usiz
                 let mut c = c.clone();
                 c.epochs = 0;
                 c.workers = 0;
+                // How the steps are spread over devices and machines does not change them.
+                c.devices = 0;
+                c.node = None;
+                c.collective_timeout_secs = 0;
                 c.to_string()
             };
             if comparable(&before) != comparable(config) {

@@ -330,15 +330,16 @@ impl MixedPrecision {
     /// loss scale: `Some` with the true gradients when all are finite, `None` when the step
     /// must be skipped. An empty `GradientsParams` skips it in a `TrainStep`: Burn's
     /// optimizers leave a parameter without a gradient, and its state, untouched.
-    pub fn unscale<B, M>(
-        &mut self,
-        module: &M,
-        mut grads: GradientsParams,
-    ) -> Option<GradientsParams>
+    pub fn unscale<B, M>(&mut self, module: &M, grads: GradientsParams) -> Option<GradientsParams>
     where
         B: AutodiffBackend,
         M: Module<B>,
     {
+        // In a data-parallel step, the mean over every peer of the still-scaled gradients:
+        // every peer then checks the same values and takes the same skip decision.
+        #[cfg(feature = "collective")]
+        let grads = crate::distributed::step::reduce_in_step::<B, M>(module, grads);
+        let mut grads = grads;
         // The check runs on the unscaled gradients, as PyTorch's `GradScaler` does: a finite
         // scaled gradient can still overflow once divided by a small scale.
         let mut unscale = Unscale::<B> {

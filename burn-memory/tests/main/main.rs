@@ -11,6 +11,7 @@ use burn_memory::CountingAllocator;
 static ALLOCATOR: CountingAllocator = CountingAllocator::system();
 
 mod batch_search;
+mod distributed;
 mod flex;
 mod heap;
 mod mixed_precision;
@@ -18,6 +19,7 @@ mod ndarray;
 mod offload;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;
+mod placement;
 mod profile;
 mod profile_memory;
 mod profile_viewer;

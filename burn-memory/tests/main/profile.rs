@@ -117,6 +117,8 @@ fn every_operation_reaches_the_inner_backend_flex() {
 #[test]
 fn every_operation_reaches_the_inner_backend_wgpu() {
     burn_memory::wgpu_adapter().expect("a wgpu adapter (Mesa's lavapipe in CI)");
+    // Allocates on the device whose whole-device figures the `wgpu` module's tests read.
+    let _device = crate::wgpu::exclusive();
     forwarding_pairs::<Wgpu>(&Default::default());
 }
 
@@ -375,6 +377,8 @@ fn bad_input_is_refused_or_reported() {
 fn sync_each_op_records_device_time_on_wgpu() {
     burn_memory::wgpu_adapter().expect("a wgpu adapter (Mesa's lavapipe in CI)");
     let _lock = exclusive();
+    // Always after the profiler's lock: no test takes them the other way round.
+    let _device = crate::wgpu::exclusive();
     type B = Profiled<Wgpu>;
     let device = Default::default();
     let profiler = Profiler::start(ProfilerConfig::new().with_sync_each_op(true)).unwrap();

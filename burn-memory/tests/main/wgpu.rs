@@ -20,11 +20,11 @@ fn device() -> burn::tensor::Device<W> {
     Default::default()
 }
 
-/// The figures are the whole device's, so tests that allocate must not overlap: each holds this
-/// lock for its duration.
+/// The figures are the whole device's, so tests that allocate on the default wgpu device must
+/// not overlap: each holds this lock for its duration, the other modules' wgpu tests included.
 static DEVICE: Mutex<()> = Mutex::new(());
 
-fn exclusive() -> MutexGuard<'static, ()> {
+pub(crate) fn exclusive() -> MutexGuard<'static, ()> {
     DEVICE.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 

@@ -1,0 +1,312 @@
+//! One peer of a data-parallel run: its registration with burn-collective and every collective
+//! operation it takes part in, each bounded in time.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use burn::module::Module;
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorPrimitive};
+use burn_collective::{CollectiveConfig, CollectiveError, PeerId, ReduceOperation};
+
+use super::bucket::{Checksums, GradientLayout};
+use super::{DataParallelConfig, DistributedError};
+
+/// A job for the peer's collective thread.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// One peer of a data-parallel run on the (non-autodiff) backend `B`.
+///
+/// burn-collective's operations block until every peer has called them. A peer calls them on
+/// a thread of its own and waits for the answer at most the configured timeout, so that a peer
+/// that died or never arrived is an error, [`DistributedError::Timeout`], not a hang. After a
+/// timeout the peer is spent: its thread may stay blocked in burn-collective until the process
+/// ends, and every later call fails at once.
+///
+/// [`DataParallel`](super::DataParallel) runs one per device inside burn-train's learner; a
+/// training loop of one's own uses it directly:
+///
+/// ```
+/// use std::time::Duration;
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::module::Module;
+/// use burn::nn::LinearConfig;
+/// use burn::optim::GradientsParams;
+/// use burn::tensor::Tensor;
+/// use burn_memory::distributed::{DataParallelConfig, Peer};
+///
+/// type B = Autodiff<Flex>;
+/// let config = DataParallelConfig::new().with_timeout(Duration::from_secs(30));
+/// let model = LinearConfig::new(4, 2).init::<B>(&Default::default());
+/// // Two threads of this process are the two peers; each trains a replica on its shard.
+/// let grads: Vec<_> = std::thread::scope(|scope| {
+///     let handles: Vec<_> = (0..2)
+///         .map(|rank| {
+///             let (config, model) = (&config, model.clone());
+///             scope.spawn(move || {
+///                 let peer = Peer::<Flex>::join(rank, 2, Default::default(), config)?;
+///                 peer.check_replicas(&model)?;
+///                 let x = Tensor::<B, 2>::full([3, 4], rank as f32 + 1.0, &Default::default());
+///                 let grads = GradientsParams::from_grads(model.forward(x).sum().backward(), &model);
+///                 let (mean, _) = peer.mean_gradients(&model, grads, false)?;
+///                 peer.leave()?;
+///                 Ok::<_, burn_memory::distributed::DistributedError>(mean)
+///             })
+///         })
+///         .collect();
+///     handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+/// });
+/// // Both peers hold the mean of the two gradients: that of inputs 1.5 on one device.
+/// let weight = |g: &GradientsParams| g.get::<Flex, 2>(model.weight.id).unwrap().into_data();
+/// assert_eq!(weight(&grads[0]), weight(&grads[1]));
+/// # Ok::<(), burn_memory::distributed::DistributedError>(())
+/// ```
+pub struct Peer<B: Backend> {
+    id: PeerId,
+    world: usize,
+    device: B::Device,
+    timeout: Duration,
+    jobs: mpsc::Sender<Job>,
+    spent: AtomicBool,
+    /// The registration to renew after each operation of a multi-node run (see
+    /// [`Peer::renew`]).
+    renew: Option<CollectiveConfig>,
+}
+
+impl<B: Backend> Peer<B> {
+    /// Registers this thread as peer `local` of `local_peers` on this machine, on `device`, and
+    /// waits (at most the timeout) until every peer of the run, on every node, has registered.
+    ///
+    /// # Errors
+    /// [`DistributedError::InvalidConfig`] for a configuration that cannot describe the run,
+    /// [`DistributedError::Timeout`] when the others do not all arrive in time,
+    /// [`DistributedError::Collective`] when burn-collective refuses the registration (a peer
+    /// registered twice, peers with different configurations).
+    pub fn join(
+        local: usize,
+        local_peers: usize,
+        device: B::Device,
+        config: &DataParallelConfig,
+    ) -> Result<Self, DistributedError> {
+        config.validate(local_peers)?;
+        if local >= local_peers {
+            return Err(DistributedError::InvalidConfig(format!(
+                "peer {local} of {local_peers}: peers are numbered from 0"
+            )));
+        }
+        let collective = config.collective(local_peers)?;
+        let id = PeerId(config.global_rank(local_peers, local));
+        let (jobs, receiver) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name(format!("collective peer {}", id.0))
+            .spawn(move || {
+                while let Ok(job) = receiver.recv() {
+                    job();
+                }
+            })
+            .map_err(|error| DistributedError::Collective {
+                peer: id.0,
+                operation: "register",
+                message: format!("cannot start the peer's thread: {error}"),
+            })?;
+        let peer = Self {
+            id,
+            world: config.world_size(local_peers),
+            device: device.clone(),
+            timeout: config.timeout,
+            jobs,
+            spent: AtomicBool::new(false),
+            renew: config.node.is_some().then(|| collective.clone()),
+        };
+        peer.call("register", move || {
+            burn_collective::register::<B>(id, device, collective)
+        })?;
+        tracing::debug!("peer {} of {} registered", id.0, peer.world);
+        Ok(peer)
+    }
+
+    /// This peer's global rank, from 0; rank 0 is the main peer.
+    pub fn rank(&self) -> u32 {
+        self.id.0
+    }
+
+    /// How many peers train together, on every node.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The device this peer trains on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// Checks that every peer holds the same parameters as this one, the fixed sketches
+    /// included: a CRC-32 of each parameter's bytes, compared across peers in one all-reduce.
+    ///
+    /// # Errors
+    /// [`DistributedError::ReplicasDiffer`] naming the parameters that differ somewhere; every
+    /// peer gets the same answer. Timeouts and burn-collective's errors as for every operation
+    /// (a model of another structure on some peer is burn-collective's shape mismatch).
+    pub fn check_replicas<BA, M>(&self, module: &M) -> Result<(), DistributedError>
+    where
+        BA: Backend,
+        M: Module<BA>,
+    {
+        let checksums = Checksums::of(module);
+        let values = checksums.agreement_values();
+        let summed = self.all_reduce_values("check replicas", values)?;
+        let parameters = checksums.disagreements(&summed, self.world);
+        if parameters.is_empty() {
+            Ok(())
+        } else {
+            Err(DistributedError::ReplicasDiffer { parameters })
+        }
+    }
+
+    /// Replaces `grads` by the mean of every peer's gradients of `module`, in one all-reduce,
+    /// and tells whether any peer asked to stop (`stop`): every peer then gets the same
+    /// gradients and the same decision.
+    ///
+    /// A gradient missing on some peers counts as zero in the mean; a parameter that no peer
+    /// has a gradient for gets none.
+    ///
+    /// # Errors
+    /// [`DistributedError::Timeout`] and [`DistributedError::Collective`], as for every
+    /// operation.
+    pub fn mean_gradients<BA, M>(
+        &self,
+        module: &M,
+        mut grads: GradientsParams,
+        stop: bool,
+    ) -> Result<(GradientsParams, bool), DistributedError>
+    where
+        BA: AutodiffBackend<InnerBackend = B>,
+        M: Module<BA>,
+    {
+        let layout = GradientLayout::of::<BA, M>(module);
+        let bucket = layout.pack::<B>(&mut grads, &[f32::from(u8::from(stop))], &self.device);
+        let summed = self.all_reduce("all-reduce gradients", bucket)?;
+        let (mean, control) = layout.unpack(summed, self.world, 1);
+        Ok((mean, control[0] > 0.0))
+    }
+
+    /// Whether any peer says `yes`: one small all-reduce, the same answer everywhere.
+    ///
+    /// # Errors
+    /// [`DistributedError::Timeout`] and [`DistributedError::Collective`].
+    pub fn any(&self, yes: bool) -> Result<bool, DistributedError> {
+        let summed = self.all_reduce_values("agree", vec![f32::from(u8::from(yes))])?;
+        Ok(summed[0] > 0.0)
+    }
+
+    /// Leaves the run: waits (at most the timeout) until every peer has left, so that
+    /// burn-collective can be used again in this process.
+    ///
+    /// # Errors
+    /// [`DistributedError::Timeout`] and [`DistributedError::Collective`].
+    pub fn leave(self) -> Result<(), DistributedError> {
+        let id = self.id;
+        self.call("finish", move || {
+            burn_collective::finish_collective::<B>(id)
+        })
+    }
+
+    /// The element-wise sum of `values` over every peer.
+    fn all_reduce_values(
+        &self,
+        operation: &'static str,
+        values: Vec<f32>,
+    ) -> Result<Vec<f32>, DistributedError> {
+        let tensor = Tensor::<B, 1>::from_floats(values.as_slice(), &self.device);
+        let summed = self.all_reduce(operation, tensor)?;
+        Ok(summed
+            .into_data()
+            .convert::<f32>()
+            .into_vec()
+            .expect("converted to f32"))
+    }
+
+    /// The element-wise sum of `tensor` over every peer.
+    fn all_reduce(
+        &self,
+        operation: &'static str,
+        tensor: Tensor<B, 1>,
+    ) -> Result<Tensor<B, 1>, DistributedError> {
+        let id = self.id;
+        let primitive = tensor.into_primitive().tensor();
+        let summed = self.call(operation, move || {
+            burn_collective::all_reduce::<B>(id, primitive, ReduceOperation::Sum)
+        })?;
+        self.renew()?;
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+    }
+
+    /// In a multi-node run, leaves and registers again. burn-collective 0.21.0's nodes
+    /// synchronise correctly once per registration: the list of nodes that reached the
+    /// closing synchronisation of a global all-reduce is never cleared, so the second global
+    /// all-reduce waits forever. A fresh registration gives a fresh node. Multi-node runs
+    /// therefore have one peer per node: with several, a peer could register again before
+    /// the others had left.
+    fn renew(&self) -> Result<(), DistributedError> {
+        let Some(collective) = &self.renew else {
+            return Ok(());
+        };
+        let id = self.id;
+        self.call("finish", move || {
+            burn_collective::finish_collective::<B>(id)
+        })?;
+        let (device, collective) = (self.device.clone(), collective.clone());
+        self.call("register again", move || {
+            burn_collective::register::<B>(id, device, collective)
+        })
+    }
+
+    /// Runs `operation` on the peer's collective thread and waits at most the timeout.
+    fn call<T: Send + 'static>(
+        &self,
+        name: &'static str,
+        operation: impl FnOnce() -> Result<T, CollectiveError> + Send + 'static,
+    ) -> Result<T, DistributedError> {
+        let timeout = DistributedError::Timeout {
+            peer: self.id.0,
+            operation: name,
+            timeout: self.timeout,
+        };
+        if self.spent.load(Ordering::Relaxed) {
+            return Err(timeout);
+        }
+        let (answer, receive) = mpsc::sync_channel(1);
+        let start = Instant::now();
+        self.jobs
+            .send(Box::new(move || {
+                let _ = answer.send(operation());
+            }))
+            .map_err(|_| DistributedError::Collective {
+                peer: self.id.0,
+                operation: name,
+                message: "the peer's collective thread is gone".into(),
+            })?;
+        match receive.recv_timeout(self.timeout) {
+            Ok(Ok(value)) => {
+                tracing::trace!("peer {}: {name} in {:?}", self.id.0, start.elapsed());
+                Ok(value)
+            }
+            Ok(Err(error)) => Err(DistributedError::Collective {
+                peer: self.id.0,
+                operation: name,
+                message: format!("{error:?}"),
+            }),
+            Err(_) => {
+                self.spent.store(true, Ordering::Relaxed);
+                tracing::error!(
+                    "peer {}: {name} timed out after {:?}",
+                    self.id.0,
+                    self.timeout
+                );
+                Err(timeout)
+            }
+        }
+    }
+}

@@ -1,0 +1,673 @@
+//! Data-parallel training on burn-collective: peers' mean gradients against one device on the
+//! whole batch, K learner steps against a one-device loop, the replica check, faults (a peer
+//! that stops, a peer that panics, an orchestrator that is not there) and two node processes
+//! on loopback. On Flex, threads as peers.
+//!
+//! burn-collective keeps one collective per process and backend: the in-process tests take
+//! `exclusive()`; the ones that may leave the collective blocked run in their own process.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use burn::backend::{Autodiff, Flex};
+use burn::data::dataloader::DataLoaderBuilder;
+use burn::data::dataloader::batcher::Batcher;
+use burn::data::dataset::InMemDataset;
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::nn::loss::{MseLoss, Reduction};
+use burn::nn::{Linear, LinearConfig};
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Distribution, Tensor, TensorData};
+use burn::train::{
+    InferenceStep, Learner, RegressionOutput, SupervisedTraining, TrainOutput, TrainStep,
+};
+use burn_memory::distributed::{
+    DataParallel, DataParallelConfig, DistributedError, NodeConfig, Peer,
+};
+use burn_memory::{LossScale, MixedPrecisionConfig, Precision, SharedMixedPrecision};
+
+use crate::own_process::in_own_process;
+
+type B = Autodiff<Flex>;
+
+static COLLECTIVE: Mutex<()> = Mutex::new(());
+
+fn exclusive() -> MutexGuard<'static, ()> {
+    COLLECTIVE
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner())
+}
+
+/// A regression MLP with what data parallelism must handle besides plain weights: a fixed
+/// random projection (trained by nobody, like a sketch), a layer no step uses (no gradient on
+/// any peer), and mixed precision when asked.
+#[derive(Module, Debug)]
+struct Net<B: Backend> {
+    fixed: Param<Tensor<B, 2>>,
+    hidden: Linear<B>,
+    out: Linear<B>,
+    unused: Linear<B>,
+    amp: SharedMixedPrecision<B>,
+}
+
+impl<B: Backend> Net<B> {
+    fn new(device: &B::Device) -> Self {
+        let fixed = Tensor::random([6, 6], Distribution::Normal(0.0, 1.0), device);
+        Self {
+            fixed: Param::from_tensor(fixed).set_require_grad(false),
+            hidden: LinearConfig::new(6, 16).init(device),
+            out: LinearConfig::new(16, 1).init(device),
+            unused: LinearConfig::new(3, 3).init(device),
+            amp: SharedMixedPrecision::none(),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let x = x.matmul(self.fixed.val());
+        self.out
+            .forward(burn::tensor::activation::tanh(self.hidden.forward(x)))
+    }
+
+    fn regression(&self, batch: Rows<B>) -> RegressionOutput<B> {
+        let output = self.forward(batch.x);
+        let loss = MseLoss::new().forward(output.clone(), batch.y.clone(), Reduction::Mean);
+        RegressionOutput::new(loss, output, batch.y)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Rows<B: Backend> {
+    x: Tensor<B, 2>,
+    y: Tensor<B, 2>,
+}
+
+/// Row `i` of the data set: 6 features and a target, all of them functions of `i`.
+type Row = ([f32; 6], f32);
+
+fn rows(n: usize) -> Vec<Row> {
+    (0..n)
+        .map(|i| {
+            let t = i as f32 * 0.37;
+            let x = [
+                t.sin(),
+                t.cos(),
+                (2.0 * t).sin(),
+                0.1 * (i % 7) as f32,
+                0.5,
+                -t.cos(),
+            ];
+            (x, (3.0 * t).sin() + 0.2 * x[3])
+        })
+        .collect()
+}
+
+#[derive(Clone)]
+struct RowBatcher;
+
+impl<B: Backend> Batcher<B, Row, Rows<B>> for RowBatcher {
+    fn batch(&self, items: Vec<Row>, device: &B::Device) -> Rows<B> {
+        let n = items.len();
+        let x: Vec<f32> = items.iter().flat_map(|(x, _)| *x).collect();
+        let y: Vec<f32> = items.iter().map(|(_, y)| *y).collect();
+        Rows {
+            x: Tensor::from_data(TensorData::new(x, [n, 6]), device),
+            y: Tensor::from_data(TensorData::new(y, [n, 1]), device),
+        }
+    }
+}
+
+impl<B: AutodiffBackend> TrainStep for Net<B> {
+    type Input = Rows<B>;
+    type Output = RegressionOutput<B>;
+
+    fn step(&self, batch: Rows<B>) -> TrainOutput<RegressionOutput<B>> {
+        let Some(mut amp) = self.amp.lock() else {
+            let item = self.regression(batch);
+            return TrainOutput::new(self, item.loss.backward(), item);
+        };
+        let item = self.regression(batch);
+        let scaled =
+            GradientsParams::from_grads(amp.scale_loss(item.loss.clone()).backward(), self);
+        let grads = amp.unscale(self, scaled).unwrap_or_default();
+        TrainOutput { grads, item }
+    }
+}
+
+impl<B: Backend> InferenceStep for Net<B> {
+    type Input = Rows<B>;
+    type Output = RegressionOutput<B>;
+
+    fn step(&self, batch: Rows<B>) -> RegressionOutput<B> {
+        self.regression(batch)
+    }
+}
+
+/// Every float parameter's values, in visiting order.
+fn weights<B: Backend, M: Module<B>>(module: &M) -> Vec<Vec<f32>> {
+    struct Collect(Vec<Vec<f32>>);
+    impl<B: Backend> ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.0
+                .push(param.val().into_data().convert::<f32>().into_vec().unwrap());
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    module.visit(&mut collect);
+    collect.0
+}
+
+/// Largest `|a - b| / max(|b|, floor)` over two gradient or weight sets.
+fn max_rel(a: &[Vec<f32>], b: &[Vec<f32>], floor: f32) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|(a, b)| {
+            assert_eq!(a.len(), b.len());
+            a.iter()
+                .zip(b)
+                .map(move |(a, b)| (a - b).abs() / b.abs().max(floor))
+        })
+        .fold(0.0, f32::max)
+}
+
+/// The gradients in `grads` of `module`'s trained parameters, in visiting order.
+fn grad_values(module: &Net<B>, grads: &GradientsParams) -> Vec<Vec<f32>> {
+    struct Collect<'a>(&'a GradientsParams, Vec<Vec<f32>>);
+    impl<Bk: AutodiffBackend> ModuleVisitor<Bk> for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Bk, D>>) {
+            if let Some(grad) = self.0.get::<Bk::InnerBackend, D>(param.id) {
+                self.1
+                    .push(grad.into_data().convert::<f32>().into_vec().unwrap());
+            }
+        }
+    }
+    let mut collect = Collect(grads, Vec::new());
+    module.visit(&mut collect);
+    collect.1
+}
+
+fn config(timeout_ms: u64) -> DataParallelConfig {
+    DataParallelConfig::new().with_timeout(Duration::from_millis(timeout_ms))
+}
+
+/// Runs `body(rank)` on `peers` threads and returns their results in rank order.
+fn on_peers<T: Send>(peers: usize, body: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..peers)
+            .map(|rank| {
+                scope.spawn({
+                    let body = &body;
+                    move || body(rank)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("peer thread"))
+            .collect()
+    })
+}
+
+/// `peers` peers each on its 1/`peers` of a batch hold, after `mean_gradients`, the gradients
+/// of one device on the whole batch; parameters without a gradient anywhere stay without.
+#[test]
+fn peers_on_shards_give_the_whole_batch_gradients() {
+    let _lock = exclusive();
+    let device = Default::default();
+    let model = Net::<B>::new(&device);
+    let data = rows(24);
+    let whole: Rows<B> = RowBatcher.batch(data.clone(), &device);
+    let loss = MseLoss::new().forward(model.forward(whole.x), whole.y, Reduction::Mean);
+    let expected = GradientsParams::from_grads(loss.backward(), &model);
+    let expected_values = grad_values(&model, &expected);
+    assert_eq!(
+        expected_values.len(),
+        4,
+        "hidden and out: weights and biases"
+    );
+
+    for peers in [2, 3] {
+        let shard = data.len() / peers;
+        let grads = on_peers(peers, |rank| {
+            let peer = Peer::<Flex>::join(rank, peers, device, &config(20_000)).unwrap();
+            peer.check_replicas(&model).unwrap();
+            let batch: Rows<B> =
+                RowBatcher.batch(data[rank * shard..(rank + 1) * shard].to_vec(), &device);
+            let loss = MseLoss::new().forward(model.forward(batch.x), batch.y, Reduction::Mean);
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let (mean, stop) = peer.mean_gradients(&model, grads, rank == 1).unwrap();
+            assert!(stop, "peer 1 asked to stop: every peer hears it");
+            peer.leave().unwrap();
+            grad_values(&model, &mean)
+        });
+        for (rank, got) in grads.iter().enumerate() {
+            let err = max_rel(got, &expected_values, 1e-3);
+            assert!(
+                err <= 1e-5,
+                "{peers} peers, peer {rank}: relative error {err}"
+            );
+        }
+        assert_eq!(grads[0], grads[peers - 1], "every peer holds the same mean");
+    }
+}
+
+/// Replicas that differ in a fixed parameter (another seed for the sketches) are refused at
+/// the start, on every peer, naming the parameter.
+#[test]
+fn replicas_that_differ_are_refused() {
+    let _lock = exclusive();
+    let device = Default::default();
+    let results = on_peers(2, |rank| {
+        let model = Net::<B>::new(&device); // each thread draws its own fixed projection
+        let peer = Peer::<Flex>::join(rank, 2, device, &config(20_000)).unwrap();
+        let result = peer.check_replicas(&model);
+        let _ = model;
+        peer.leave().unwrap();
+        result
+    });
+    for result in results {
+        match result {
+            Err(DistributedError::ReplicasDiffer { parameters }) => {
+                assert!(parameters.contains(&"fixed".to_string()), "{parameters:?}")
+            }
+            other => panic!("expected ReplicasDiffer, got {other:?}"),
+        }
+    }
+}
+
+/// K steps of burn-train's learner with `DataParallel` on 2 peers (batch 4 each) end with the
+/// weights of K Adam steps on one device over the same 8 rows per step.
+#[test]
+fn learner_steps_on_two_peers_match_one_device() {
+    let _lock = exclusive();
+    learner_matches_one_device(None);
+}
+
+/// The same under f16 mixed precision with dynamic loss scaling: the still-scaled gradients
+/// are reduced inside the step, so both peers take the same skip decisions.
+#[test]
+fn learner_steps_under_mixed_precision_match_one_device() {
+    let _lock = exclusive();
+    learner_matches_one_device(Some(Precision::F16));
+}
+
+fn learner_matches_one_device(amp: Option<Precision>) {
+    const PEERS: usize = 2;
+    const BATCH: usize = 4;
+    const STEPS: usize = 5;
+    let device = Default::default();
+    let dir = tempfile::tempdir().unwrap();
+    let data = rows(PEERS * BATCH * STEPS);
+    let amp = amp.map(|precision| {
+        MixedPrecisionConfig::new()
+            .with_compute(precision)
+            .with_loss_scale(LossScale::dynamic())
+            .init::<B>(&device)
+            .unwrap()
+    });
+    let fresh = || {
+        let mut model = Net::<B>::new(&device);
+        if let Some(amp) = &amp {
+            model.amp = SharedMixedPrecision::new(amp.clone());
+        }
+        model
+    };
+    let model = fresh();
+    let start = weights(&model);
+
+    let train = DataLoaderBuilder::<B, _, _>::new(RowBatcher)
+        .batch_size(BATCH)
+        .build(InMemDataset::new(data.clone()));
+    let valid = DataLoaderBuilder::<Flex, _, _>::new(RowBatcher)
+        .batch_size(BATCH)
+        .build(InMemDataset::new(rows(8)));
+    let parallel = DataParallel::<B>::new(vec![device; PEERS], config(60_000)).unwrap();
+    let result = SupervisedTraining::new(dir.path(), train, valid)
+        .num_epochs(1)
+        .with_training_strategy(parallel.strategy())
+        .launch(Learner::new(model.clone(), AdamConfig::new().init(), 1e-2));
+    let report = parallel.report().expect("the run went through");
+    assert_eq!((report.world_size, report.steps), (PEERS, STEPS));
+    assert_eq!(report.items, PEERS * BATCH * STEPS);
+    let trained = weights(&result.model);
+
+    // One device: step s sees peer 0's batch s and peer 1's batch s (each peer's shard is a
+    // contiguous half of the data, unshuffled).
+    let mut reference = model.clone();
+    if let Some(amp) = &amp {
+        reference.amp = SharedMixedPrecision::new(amp.clone());
+    }
+    let mut optim = AdamConfig::new().init();
+    let shard = data.len() / PEERS;
+    for step in 0..STEPS {
+        let rows: Vec<Row> = (0..PEERS)
+            .flat_map(|peer| {
+                let start = peer * shard + step * BATCH;
+                data[start..start + BATCH].to_vec()
+            })
+            .collect();
+        let output = TrainStep::step(&reference, RowBatcher.batch(rows, &device));
+        reference = optim.step(1e-2, reference, output.grads);
+    }
+    let expected = weights(&reference.valid());
+    assert_ne!(start, expected, "the steps moved the weights");
+    let err = max_rel(&trained, &expected, 1e-2);
+    assert!(
+        err <= 1e-4,
+        "weights after {STEPS} steps: relative error {err}"
+    );
+    if amp.is_some() {
+        let (got, want) = (
+            result.model.amp.get().unwrap(),
+            reference.amp.get().unwrap(),
+        );
+        assert_eq!(got.scale(), want.scale(), "the same loss scale");
+        assert_eq!(
+            got.skipped_steps(),
+            want.skipped_steps(),
+            "the same skipped steps"
+        );
+    }
+}
+
+/// A peer that stops taking part (it died, or hangs) makes the other's next all-reduce fail
+/// with a timeout, within the configured time. Own process: the collective stays blocked.
+#[test]
+fn a_peer_that_stops_is_a_timeout_on_the_others() {
+    in_own_process(
+        "distributed::a_peer_that_stops_is_a_timeout_on_the_others",
+        || {
+            let device = Default::default();
+            let model = Net::<B>::new(&device);
+            let timeout = Duration::from_millis(1500);
+            let results = on_peers(2, |rank| {
+                let peer = Peer::<Flex>::join(rank, 2, device, &config(1500)).unwrap();
+                for step in 0..3 {
+                    if rank == 1 && step == 2 {
+                        return Ok(Duration::ZERO); // gone
+                    }
+                    let batch: Rows<B> = RowBatcher.batch(rows(4), &device);
+                    let loss =
+                        MseLoss::new().forward(model.forward(batch.x), batch.y, Reduction::Mean);
+                    let grads = GradientsParams::from_grads(loss.backward(), &model);
+                    let start = Instant::now();
+                    if let Err(error) = peer.mean_gradients(&model, grads, false) {
+                        return Err((error, start.elapsed()));
+                    }
+                }
+                Ok(Duration::ZERO)
+            });
+            match &results[0] {
+                Err((
+                    DistributedError::Timeout {
+                        peer: 0, operation, ..
+                    },
+                    waited,
+                )) => {
+                    assert_eq!(*operation, "all-reduce gradients");
+                    assert!(*waited >= timeout && *waited < timeout + Duration::from_secs(2));
+                }
+                other => panic!("peer 0 should time out, got {other:?}"),
+            }
+        },
+    );
+}
+
+/// A step that panics on one peer ends the learner's run within the timeout; the report names
+/// the panic rather than the others' timeouts.
+#[test]
+fn a_peer_that_panics_ends_the_run_with_its_error() {
+    in_own_process(
+        "distributed::a_peer_that_panics_ends_the_run_with_its_error",
+        || {
+            let device = Default::default();
+            let dir = tempfile::tempdir().unwrap();
+            // Row 13 has a NaN feature: the batcher of the peer that gets it panics.
+            #[derive(Clone)]
+            struct Picky;
+            impl<B: Backend> Batcher<B, Row, Rows<B>> for Picky {
+                fn batch(&self, items: Vec<Row>, device: &B::Device) -> Rows<B> {
+                    assert!(items.iter().all(|(x, _)| !x[0].is_nan()), "a NaN feature");
+                    RowBatcher.batch(items, device)
+                }
+            }
+            let mut data = rows(32);
+            data[21].0[0] = f32::NAN; // peer 1's third batch
+            let loader = DataLoaderBuilder::<B, _, _>::new(Picky)
+                .batch_size(4)
+                .build(InMemDataset::new(data));
+            let valid = DataLoaderBuilder::<Flex, _, _>::new(Picky)
+                .batch_size(4)
+                .build(InMemDataset::new(rows(4)));
+            let parallel = DataParallel::<B>::new(vec![device; 2], config(2000)).unwrap();
+            let start = Instant::now();
+            let _ = SupervisedTraining::new(dir.path(), loader, valid)
+                .num_epochs(1)
+                .with_training_strategy(parallel.strategy())
+                .launch(Learner::new(
+                    Net::<B>::new(&device),
+                    AdamConfig::new().init(),
+                    1e-2,
+                ));
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "bounded: {:?}",
+                start.elapsed()
+            );
+            match parallel.report() {
+                Err(DistributedError::PeerPanicked { peer: 1, message }) => {
+                    assert!(message.contains("NaN"), "{message}")
+                }
+                other => panic!("expected peer 1's panic, got {other:?}"),
+            }
+        },
+    );
+}
+
+/// An orchestrator that is not there is an error within the timeout, not a hang.
+#[test]
+fn a_wrong_orchestrator_address_is_an_error() {
+    in_own_process(
+        "distributed::a_wrong_orchestrator_address_is_an_error",
+        || {
+            let port = free_port();
+            let node = NodeConfig::new(2, 1, format!("127.0.0.1:{}", free_port()), free_port());
+            let config = config(3000).with_node(Some(node));
+            let start = Instant::now();
+            let result = Peer::<Flex>::join(0, 1, Default::default(), &config);
+            assert!(result.is_err(), "joined an orchestrator that is not there");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{:?}",
+                start.elapsed()
+            );
+            let _ = port;
+        },
+    );
+    // A malformed one is refused before anything starts.
+    let node = NodeConfig::new(2, 0, "127.0.0.1".into(), 4000);
+    assert!(matches!(
+        DataParallel::<B>::new(vec![Default::default()], config(1000).with_node(Some(node))),
+        Err(DistributedError::InvalidConfig(_))
+    ));
+    let node = NodeConfig::new(2, 2, "127.0.0.1:4000".into(), 4001);
+    assert!(matches!(
+        DataParallel::<B>::new(vec![Default::default()], config(1000).with_node(Some(node))),
+        Err(DistributedError::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        DataParallel::<B>::new(vec![], config(1000)),
+        Err(DistributedError::InvalidConfig(_))
+    ));
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The roles of the multi-node test's child processes, by environment variable.
+const ROLE: &str = "BURN_MEMORY_DISTRIBUTED_ROLE";
+
+/// An orchestrator and two node processes (one peer each) on 127.0.0.1 train K steps with
+/// `Peer` and end with the same weights, equal to one process on the whole batches; then a
+/// node killed mid-run makes the other fail with a timeout. Bounded in time; children killed.
+#[test]
+fn two_node_processes_agree_and_a_killed_node_is_a_timeout() {
+    if let Ok(role) = std::env::var(ROLE) {
+        return run_role(&role);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let test = "distributed::two_node_processes_agree_and_a_killed_node_is_a_timeout";
+    let dir = tempfile::tempdir().unwrap();
+    let spawn = |role: String| {
+        std::process::Command::new(&exe)
+            .args([test, "--exact", "--test-threads=1", "--nocapture"])
+            .env(ROLE, role)
+            .env("OUT_DIR_FOR_TEST", dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    struct Kill(Vec<std::process::Child>);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            for child in &mut self.0 {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+    for scenario in ["agree", "killed"] {
+        let port = free_port();
+        let mut children = Kill(vec![spawn(format!("orchestrator {port}"))]);
+        std::thread::sleep(Duration::from_millis(300));
+        let nodes: Vec<_> = (0..2)
+            .map(|rank| spawn(format!("node {scenario} {port} {rank} {}", free_port())))
+            .collect();
+        let start = Instant::now();
+        let mut outputs = Vec::new();
+        for node in nodes {
+            let output = wait_bounded(node, Duration::from_secs(60));
+            outputs.push(output);
+        }
+        assert!(start.elapsed() < Duration::from_secs(60));
+        children.0.clear();
+        let stdout: Vec<String> = outputs
+            .iter()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .collect();
+        let line = |text: &str, key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key).map(str::to_string))
+                .unwrap_or_else(|| panic!("no `{key}` in:\n{text}"))
+        };
+        match scenario {
+            "agree" => {
+                let w0 = line(&stdout[0], "WEIGHTS ");
+                let w1 = line(&stdout[1], "WEIGHTS ");
+                assert_eq!(w0, w1, "both nodes hold the same weights");
+                let reference = line(&stdout[0], "REFERENCE ");
+                let parse = |s: &str| -> Vec<Vec<f32>> {
+                    vec![s.split(',').map(|v| v.parse().unwrap()).collect()]
+                };
+                let err = max_rel(&parse(&w0), &parse(&reference), 1e-2);
+                assert!(err <= 1e-4, "nodes against one process: {err}");
+            }
+            _ => {
+                // Node 0 either waits out the timeout (5 s) or hears at once that the dead
+                // node's data server is gone (burn-collective's error); both are typed errors.
+                let error = line(&stdout[0], "ERROR ");
+                let (kind, rest) = error.split_once(" after ").unwrap();
+                assert!(["Timeout", "Collective"].contains(&kind), "{error}");
+                let ms: u64 = rest.split_once(' ').unwrap().0.parse().unwrap();
+                assert!(ms <= 5000 + 2000, "bounded by the timeout: {error}");
+            }
+        }
+    }
+}
+
+fn wait_bounded(mut child: std::process::Child, limit: Duration) -> std::process::Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A child process of the multi-node test.
+fn run_role(role: &str) {
+    let parts: Vec<&str> = role.split(' ').collect();
+    if parts[0] == "orchestrator" {
+        burn_memory::distributed::run_orchestrator(parts[1].parse().unwrap()).unwrap();
+        return;
+    }
+    let (scenario, port, rank, data_port) = (
+        parts[1],
+        parts[2].parse::<u16>().unwrap(),
+        parts[3].parse::<u32>().unwrap(),
+        parts[4].parse::<u16>().unwrap(),
+    );
+    let node = NodeConfig::new(2, rank, format!("127.0.0.1:{port}"), data_port);
+    let config = config(5000).with_node(Some(node));
+    let device = Default::default();
+    <Flex as Backend>::seed(&device, 7);
+    let mut model = Net::<B>::new(&device);
+    // Burn's parameters are initialised lazily, at first use: a copy made before that would
+    // draw weights of its own.
+    let _ = weights(&model);
+    let mut reference = model.clone();
+    let peer = Peer::<Flex>::join(0, 1, device, &config).unwrap();
+    peer.check_replicas(&model).unwrap();
+    let mut optim = AdamConfig::new().init();
+    let mut optim_reference = AdamConfig::new().init();
+    let data = rows(32);
+    for step in 0..4 {
+        if scenario == "killed" && rank == 1 && step == 2 {
+            std::process::exit(3);
+        }
+        let mine = step * 8 + rank as usize * 4;
+        let batch: Rows<B> = RowBatcher.batch(data[mine..mine + 4].to_vec(), &device);
+        let loss = MseLoss::new().forward(model.forward(batch.x), batch.y, Reduction::Mean);
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let start = Instant::now();
+        let grads = match peer.mean_gradients(&model, grads, false) {
+            Ok((grads, _)) => grads,
+            Err(error) => {
+                let kind = format!("{error:?}");
+                let kind = kind.split([' ', '{', '(']).next().unwrap();
+                println!(
+                    "ERROR {kind} after {} ms: {error}",
+                    start.elapsed().as_millis()
+                );
+                return;
+            }
+        };
+        model = optim.step(1e-2, model, grads);
+        // One process on both nodes' rows.
+        let both: Rows<B> = RowBatcher.batch(data[step * 8..step * 8 + 8].to_vec(), &device);
+        let loss = MseLoss::new().forward(reference.forward(both.x), both.y, Reduction::Mean);
+        let grads = GradientsParams::from_grads(loss.backward(), &reference);
+        reference = optim_reference.step(1e-2, reference, grads);
+    }
+    let flat = |m: &Net<B>| {
+        weights(m)
+            .concat()
+            .iter()
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    println!("WEIGHTS {}", flat(&model));
+    println!("REFERENCE {}", flat(&reference));
+    peer.leave().unwrap();
+}
