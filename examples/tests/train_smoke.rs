@@ -18,6 +18,8 @@ use examples::training::{
     TrainingConfig, TrainingError, checkpoint_path, evaluate, latest_checkpoint, train,
 };
 
+#[path = "smoke/data_parallel.rs"]
+mod data_parallel;
 #[path = "smoke/lm.rs"]
 mod lm;
 
