@@ -25,6 +25,12 @@
 //!
 //! Outputs under `--out` (default `target/language_model`): `results.md`, `results.csv`,
 //! `curves.png` (validation bits per character against steps, per arm), and `--json PATH`.
+//!
+//! `--profile DIR` first trains each arm a few steps on `Autodiff<Profiled<B>>` and writes
+//! the profile of steps 4 to 6 (`--profile-skip`, `--profile-steps`) to `DIR/<arm>/`: the
+//! operation table, the Chrome trace, `viewer.html`, the memory snapshot and the peak, with
+//! scopes for the forward and backward passes, the optimizer and each block. A separate pass,
+//! before the study's measurements, which it does not change.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -36,6 +42,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_memory::offload::{OffloadConfig, OffloadManager};
+use burn_memory::profile::{Profiled, Profiler, ProfilerConfig, StepProfiler};
 use burn_memory::{
     CountingAllocator, DeviceMemory, MemoryTracker, MixedPrecisionConfig, Precision, Segments,
 };
@@ -43,6 +50,7 @@ use burn_sketch::SketchBackend;
 use burn_sketch::nn::{AttentionKind, Converter, FeatureMap, LinearKind, Selection};
 use clap::Parser;
 use examples::backend::BackendKind;
+use examples::lm::profile::{ProfiledTraining, train_profiled};
 use examples::lm::{
     Batch, Corpus, FORTUNES_DIR, Positions, TransformerLm, TransformerLmConfig, batch, max_rel_diff,
 };
@@ -94,12 +102,27 @@ struct Args {
     /// Dropout of the segment-checkpointing extra (whose point is reproducing the masks).
     #[arg(long, default_value_t = 0.1)]
     extras_dropout: f64,
-    /// Training runs in parallel (one per core; the profiles are measured alone).
+    /// Training runs in parallel (one per core; the memory and speed measurements run alone).
     #[arg(long, default_value_t = 2)]
     threads: usize,
-    /// Steps of each arm's profile (memory and speed, measured alone).
-    #[arg(long, default_value_t = 6)]
-    profile_steps: usize,
+    /// Steps of each arm's memory and speed measurement (alone, before the training runs).
+    #[arg(long, value_name = "N", default_value_t = 6)]
+    measure_steps: usize,
+    /// Profile a few training steps of each arm and write the operation table, the Chrome
+    /// trace, the viewer and where memory peaked to DIR/<arm>/.
+    #[arg(long, value_name = "DIR")]
+    profile: Option<PathBuf>,
+    /// With --profile: training steps to run before profiling (warm-up).
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "profile")]
+    profile_skip: usize,
+    /// With --profile: training steps to profile.
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "profile",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    profile_steps: u64,
+    /// With --profile: sync the device after every operation, so that each records its
+    /// device time (slower; changes the timing of lazy backends such as wgpu).
+    #[arg(long, requires = "profile")]
+    profile_sync: bool,
     /// Adam's learning rate.
     #[arg(long, default_value_t = 3e-3)]
     lr: f64,
@@ -241,7 +264,61 @@ fn main() -> anyhow::Result<()> {
         corpus.train.len(),
         corpus.valid.len()
     );
-    examples::with_backend!(args.backend, |B| study::<Autodiff<B>>(&args, &corpus))
+    examples::with_backend!(args.backend, |B| {
+        if let Some(dir) = &args.profile {
+            profile_arms::<B>(&args, &corpus, dir)?;
+        }
+        study::<Autodiff<B>>(&args, &corpus)
+    })
+}
+
+/// The arms `--filter` keeps.
+fn selected_arms(args: &Args) -> Vec<Arm> {
+    arms(args)
+        .into_iter()
+        .filter(|a| args.filter.as_deref().is_none_or(|f| a.name.contains(f)))
+        .collect()
+}
+
+/// `--profile DIR`: each arm's first `--profile-skip` + `--profile-steps` training steps on
+/// `Autodiff<Profiled<B>>`, the last `--profile-steps` recorded (shapes, memory after each
+/// operation, and on CPU every allocation) and written to `DIR/<arm>/`.
+fn profile_arms<B>(args: &Args, corpus: &Corpus, dir: &Path) -> anyhow::Result<()>
+where
+    B: SketchBackend + DeviceMemory,
+{
+    let device = B::Device::default();
+    let recording = ProfilerConfig::new()
+        .with_record_shapes(true)
+        .with_sync_each_op(args.profile_sync);
+    let training = ProfiledTraining {
+        batch: args.batch,
+        context: args.context,
+        lr: args.lr,
+        seed: 0,
+        steps: args.profile_skip + args.profile_steps as usize,
+    };
+    for arm in selected_arms(args) {
+        // `Copy` for the CPU backends' devices, not for wgpu's.
+        #[allow(clippy::clone_on_copy)]
+        let memory_device = device.clone();
+        let profiler = StepProfiler::new(
+            dir.join(&arm.name),
+            args.profile_skip,
+            args.profile_steps as usize,
+            move || Profiler::start_with_memory::<B>(recording, &memory_device),
+        )?;
+        B::seed(&device, 0);
+        let model = lm_config(args, arm.attention, arm.projections, arm.mlp)
+            .init::<Autodiff<Profiled<B>>>(&device);
+        let written = train_profiled(model, corpus, &device, training, &profiler)?;
+        println!(
+            "profile of {}: {} (viewer.html, operations.txt, trace.json, peak.txt)",
+            arm.name,
+            written.display()
+        );
+    }
+    Ok(())
 }
 
 fn study<B>(args: &Args, corpus: &Corpus) -> anyhow::Result<()>
@@ -250,10 +327,7 @@ where
     B::InnerBackend: SketchBackend + DeviceMemory,
 {
     let device = B::Device::default();
-    let arms: Vec<Arm> = arms(args)
-        .into_iter()
-        .filter(|a| args.filter.as_deref().is_none_or(|f| a.name.contains(f)))
-        .collect();
+    let arms = selected_arms(args);
     let converted = arms.iter().any(|a| a.name == "dense")
         && args
             .filter
@@ -443,7 +517,7 @@ where
     Ok(results.into_iter().map(|(_, m, r)| (m, r)).collect())
 }
 
-/// The memory and speed of `model`'s training step: `--profile-steps` steps alone, the heap
+/// The memory and speed of `model`'s training step: `--measure-steps` steps alone, the heap
 /// measured over the second (the optimizer's state exists by then), the speed over all but
 /// the first.
 fn profile_arm<B>(
@@ -464,7 +538,7 @@ where
         tokens_per_second: f64::NAN,
     };
     let mut timed = Duration::ZERO;
-    let steps = args.profile_steps.max(3);
+    let steps = args.measure_steps.max(3);
     for step in 0..steps {
         let starts = positions.starts(args.batch, corpus.train.len(), args.context);
         let data = batch::<B>(&corpus.train, &starts, args.context, &device);

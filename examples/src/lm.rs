@@ -1,6 +1,8 @@
 //! The language-model study's pieces: an English corpus read as characters, and a small causal
 //! transformer built from burn-sketch's blocks, whose linear layers are dense, sketched or
-//! low-rank by configuration.
+//! low-rank by configuration; [`profile`] records a few of its training steps.
+
+pub mod profile;
 
 use std::path::{Path, PathBuf};
 
@@ -13,6 +15,7 @@ use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use burn_memory::profile::scope;
 use burn_memory::{Layers, MemoryError, SegmentSeeds, Segments, segmented_backward};
 use burn_sketch::SketchBackend;
 use burn_sketch::nn::{
@@ -274,9 +277,20 @@ pub struct TransformerLm<B: Backend> {
     pub dropout: burn::nn::Dropout,
 }
 
+/// The profiler scopes of the first blocks (`block 1`…), written out so that naming a block
+/// costs no allocation when no profiler runs; later blocks share the scope `block`.
+const BLOCK_SCOPES: [&str; 12] = [
+    "block 1", "block 2", "block 3", "block 4", "block 5", "block 6", "block 7", "block 8",
+    "block 9", "block 10", "block 11", "block 12",
+];
+
+/// The parts of the model run in burn-memory profiler scopes (`embedding`, `block 1`…,
+/// `head`), which name them in `language_model --profile`'s table, trace and memory peak and
+/// cost an atomic load each otherwise.
 impl<B: SketchBackend> TransformerLm<B> {
     /// Token and position embeddings, `[batch, seq, d_model]`.
     pub fn embed(&self, inputs: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let _scope = scope("embedding");
         let [batch, seq] = inputs.dims();
         let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &inputs.device())
             .reshape([1, seq])
@@ -287,6 +301,7 @@ impl<B: SketchBackend> TransformerLm<B> {
 
     /// The mean cross-entropy (nats per character) of the head's predictions for `hidden`.
     pub fn loss(&self, hidden: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+        let _scope = scope("head");
         let [batch, seq, _] = hidden.dims();
         let logits = self.head.forward(self.norm.forward(hidden));
         let vocab = logits.dims()[2];
@@ -305,9 +320,7 @@ impl<B: SketchBackend> TransformerLm<B> {
     }
 
     fn num_layers_forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        self.blocks
-            .iter()
-            .fold(x, |x, block| block.forward(x, None))
+        (0..self.blocks.len()).fold(x, |x, index| self.forward_layer(index, x))
     }
 }
 
@@ -319,6 +332,7 @@ impl<B: SketchBackend> Layers<B, Tensor<B, 3>> for TransformerLm<B> {
     }
 
     fn forward_layer(&self, index: usize, input: Tensor<B, 3>) -> Tensor<B, 3> {
+        let _scope = scope(BLOCK_SCOPES.get(index).copied().unwrap_or("block"));
         self.blocks[index].forward(input, None)
     }
 }

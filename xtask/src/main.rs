@@ -69,8 +69,19 @@ enum Task {
 fn main() -> ExitCode {
     match Task::parse() {
         Task::Bench(args) => match bench::run(&args) {
-            Ok(dir) => {
-                eprintln!("results written to {}", dir.display());
+            Ok(output) => {
+                eprintln!("results written to {}", output.results.display());
+                if let Some(dir) = &args.profile {
+                    eprintln!(
+                        "{} profiles (viewer.html, operations.txt, trace.json, peak.txt) \
+                         written under {}:",
+                        output.profiles.len(),
+                        dir.display()
+                    );
+                    for profile in &output.profiles {
+                        eprintln!("  {}", profile.display());
+                    }
+                }
                 ExitCode::SUCCESS
             }
             Err(err) => {

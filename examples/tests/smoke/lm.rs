@@ -1,6 +1,6 @@
 //! The language-model study's model: segment checkpointing with dropout gives a plain
-//! backward's gradients with the same masks, sketched and low-rank arms train, and the corpus
-//! splits deterministically.
+//! backward's gradients with the same masks, sketched and low-rank arms train, the corpus
+//! splits deterministically, and `--profile`'s steps are recorded with their scopes.
 
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::module::AutodiffModule;
@@ -8,8 +8,10 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_memory::Segments;
+use burn_memory::profile::{Profiled, Profiler, ProfilerConfig, StepProfiler};
 use burn_sketch::SketchBackend;
 use burn_sketch::nn::{AttentionKind, FeatureMap, LinearKind};
+use examples::lm::profile::{ProfiledTraining, train_profiled};
 use examples::lm::{Corpus, Positions, TransformerLmConfig, batch, max_rel_diff};
 
 const TEXT: &str = "The quick brown fox jumps over the lazy dog. \
@@ -189,4 +191,69 @@ fn batches_shift_targets_by_one() {
         .unwrap();
     assert_eq!(inputs, [3, 4, 5, 6, 10, 11, 12, 13]);
     assert_eq!(targets, [4, 5, 6, 7, 11, 12, 13, 14]);
+}
+
+/// `language_model --profile`'s loop: of 4 steps, the profiler skips 1 and records 2 (a third
+/// would be the last step), each with its forward, backward and optimizer scopes, and the
+/// model's parts named inside the forward pass; the profile's files are written.
+#[test]
+fn lm_profile_records_the_window_with_its_scopes() {
+    let _serial = crate::serial();
+    type B = Autodiff<Profiled<Flex>>;
+    let device = Default::default();
+    let corpus = Corpus::split(&documents(), 10, 64).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sketched");
+    let profiler = StepProfiler::new(&out, 1, 2, || {
+        Profiler::start_with_memory::<Flex>(
+            ProfilerConfig::new().with_record_shapes(true),
+            &Default::default(),
+        )
+    })
+    .unwrap();
+    B::seed(&device, 2);
+    let sketched = LinearKind::Sketched {
+        num_terms: 1,
+        low_rank: 4,
+    };
+    let model = small(AttentionKind::Softmax, sketched)
+        .with_n_blocks(2)
+        .init::<B>(&device);
+    let training = ProfiledTraining {
+        batch: 4,
+        context: 16,
+        lr: 3e-3,
+        seed: 1,
+        steps: 4,
+    };
+    let written = train_profiled(model, &corpus, &device, training, &profiler).unwrap();
+    assert_eq!(written, out);
+    for file in [
+        "operations.txt",
+        "operations.json",
+        "trace.json",
+        "viewer.html",
+    ] {
+        assert!(out.join(file).is_file(), "no {file}");
+    }
+    let table: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("operations.json")).unwrap())
+            .unwrap();
+    let calls = |name: &str| {
+        table["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|row| row["name"] == name)
+            .map_or(0, |row| row["calls"].as_u64().unwrap())
+    };
+    for scope in ["forward", "backward", "optimizer", "embedding", "head"] {
+        assert_eq!(calls(scope), 2, "{scope}");
+    }
+    assert_eq!((calls("block 1"), calls("block 2")), (2, 2));
+    assert_eq!(calls("block 3"), 0);
+    // Each block's four attention projections and two MLP layers are sketched: one
+    // operation each per forward, and one backward each.
+    assert_eq!(calls("sketched_linear"), 2 * 2 * 6);
+    assert_eq!(calls("sketched_linear_backward"), 2 * 2 * 6);
 }

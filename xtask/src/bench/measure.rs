@@ -2,21 +2,17 @@
 //! kernels on CubeCL backends), the same product through generic tensor operations, and
 //! dense `Linear`; forward alone and forward + backward.
 
-use burn::backend::Autodiff;
-use burn::module::{Module, ModuleMapper, Param};
-use burn::nn::LinearConfig;
-use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Distribution, Tensor};
 use burn_memory::DeviceMemory;
-use burn_sketch::backend::{KernelStrategy, tensor_ops};
-use burn_sketch::{SkLinearConfig, SketchBackend};
+use burn_sketch::SketchBackend;
+use burn_sketch::backend::KernelStrategy;
 use serde::{Deserialize, Serialize};
 
 use super::Dtype;
 use super::grid::Point;
 use super::memory::peak_increase;
 use super::roofline::{DeviceSpec, Roofline};
-use super::timing::{Op, Timing, op, time_together};
+use super::timing::{Op, Timing, time_together};
+use super::workloads::Workloads;
 
 /// Everything measured at one point.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -120,47 +116,14 @@ pub fn measure<B: SketchBackend + DeviceMemory>(
 ) -> Row {
     let Settings { warmup, runs, .. } = settings;
     let sync = || B::sync(device).expect("device sync failed");
-    let config = SkLinearConfig::new(
-        point.d_input,
-        point.d_output,
-        point.num_terms,
-        point.low_rank,
-    )
-    .with_strategy(settings.strategy);
-    let dense_config = LinearConfig::new(point.d_input, point.d_output);
-    let dtype = settings.dtype.burn();
-    let mut cast = CastParams(dtype);
-    let sketch = config.init::<B>(device).map(&mut cast);
-    let dense = dense_config.init::<B>(device).map(&mut cast);
-    let x = Tensor::<B, 2>::random([point.batch, point.d_input], Distribution::Default, device)
-        .cast(dtype);
-
-    let bias = sketch.bias.as_ref().map(|b| b.val());
-    // Forward and backward of `forward` on a fresh leaf input, all gradients computed.
-    let x_ad = Tensor::<Autodiff<B>, 2>::from_inner(x.clone());
-    let sketch_ad = config.init::<Autodiff<B>>(device).map(&mut cast);
-    let dense_ad = dense_config.init::<Autodiff<B>>(device).map(&mut cast);
-    let train = |forward: &dyn Fn(Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2>| {
-        forward(x_ad.clone().require_grad()).sum().backward()
-    };
+    let workloads = Workloads::<B>::new(point, device, settings);
     let [
         sketch_forward,
         tensor_ops_forward,
         dense_forward,
         sketch_train,
         dense_train,
-    ] = time_together(
-        warmup,
-        runs,
-        [
-            op(|| sketch.forward(x.clone())),
-            op(|| tensor_ops::sketched_linear(x.clone(), sketch.weights(), bias.clone())),
-            op(|| dense.forward(x.clone())),
-            op(|| train(&|x| sketch_ad.forward(x))),
-            op(|| train(&|x| dense_ad.forward(x))),
-        ],
-        sync,
-    );
+    ] = time_together(warmup, runs, workloads.ops(), sync);
 
     // Each op once more, its output kept until the sync, as in its timed samples.
     let peak = |mut op: Op<'_>| {
@@ -170,14 +133,15 @@ pub fn measure<B: SketchBackend + DeviceMemory>(
             drop(output);
         })
     };
+    let [sketch_fwd, _, dense_fwd, sketch_trn, dense_trn] = workloads.ops();
     let memory = PeakMemory {
-        sketch_forward: peak(op(|| sketch.forward(x.clone()))),
-        dense_forward: peak(op(|| dense.forward(x.clone()))),
-        sketch_train: peak(op(|| train(&|x| sketch_ad.forward(x)))),
-        dense_train: peak(op(|| train(&|x| dense_ad.forward(x)))),
+        sketch_forward: peak(sketch_fwd),
+        dense_forward: peak(dense_fwd),
+        sketch_train: peak(sketch_trn),
+        dense_train: peak(dense_trn),
     };
 
-    let counts = sketch.param_counts();
+    let counts = workloads.sketch.param_counts();
     Row {
         backend: B::name(device),
         dtype: settings.dtype,
@@ -195,25 +159,5 @@ pub fn measure<B: SketchBackend + DeviceMemory>(
         roofline: settings
             .device_spec
             .map(|spec| Roofline::new(point, settings.dtype, spec)),
-    }
-}
-
-/// Casts every float parameter to the measured element type, keeping each a leaf with its
-/// `require_grad` flag. Backends whose element type is a type parameter (`Wgpu<f16>`) are
-/// there already and this changes nothing; Flex picks the element type at run time, so its
-/// layers are built in f32 and cast.
-struct CastParams(DType);
-
-impl<B: Backend> ModuleMapper<B> for CastParams {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let dtype = self.0;
-        param.map(|tensor| {
-            if tensor.dtype() == dtype {
-                return tensor;
-            }
-            let tracked = tensor.is_require_grad();
-            let cast = tensor.cast(dtype).detach();
-            if tracked { cast.require_grad() } else { cast }
-        })
     }
 }

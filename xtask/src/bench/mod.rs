@@ -6,15 +6,19 @@
 //! process, one right after the other, so their ratio is meaningful even on a noisy machine;
 //! absolute times across runs are not. Every row shows the speedup achieved next to the one
 //! the FLOP counts allow, or on a known device (`--device-model`) the roofline bounds allow;
-//! and the peak memory of each operation through burn-memory's tracker.
+//! and the peak memory of each operation through burn-memory's tracker. With `--profile DIR`,
+//! each point's operations then run again under burn-memory's profiler, and each one's profile
+//! is written to `DIR/<point>/<operation>/` (see `profile.rs`).
 
 mod grid;
 mod measure;
 mod memory;
 mod plots;
+mod profile;
 mod report;
 mod roofline;
 pub(crate) mod timing;
+mod workloads;
 
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -138,10 +142,83 @@ pub struct BenchArgs {
     /// median grew by more than this percentage.
     #[arg(long, value_name = "PCT", requires = "baseline")]
     pub fail_on_regression: Option<f64>,
+    /// After timing, run each point's five operations again under burn-memory's profiler and
+    /// write each one's profile (operation table, Chrome trace, viewer.html, memory snapshot,
+    /// peak) to DIR/<point id>/<operation>/. A separate pass: the timings are not affected.
+    #[arg(long, value_name = "DIR")]
+    pub profile: Option<PathBuf>,
+    /// With --profile: recorded runs of each operation (after one unrecorded run).
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "profile",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub profile_runs: u64,
+    /// With --profile: sync the device after every operation, so that each records its
+    /// device time (wgpu, cuda).
+    #[arg(long, requires = "profile")]
+    pub profile_sync: bool,
 }
 
-/// Runs the suite and writes `results.{md,json,csv}`; returns the results directory.
-pub fn run(args: &BenchArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
+/// What a run wrote.
+#[derive(Debug)]
+pub struct Output {
+    /// The results directory (`results.{md,json,csv}` and the plots).
+    pub results: PathBuf,
+    /// With `--profile`: one directory per point and operation, in the order they ran.
+    pub profiles: Vec<PathBuf>,
+}
+
+/// Runs `$body` with `$b` the backend type of `$args`' backend and element type; returns the
+/// error of an unsupported pair from the enclosing function.
+macro_rules! with_backend {
+    ($args:expr, |$b:ident| $body:expr) => {{
+        use burn::backend::{Flex, NdArray, Wgpu};
+        use half::{bf16, f16};
+        match ($args.backend, $args.dtype) {
+            // Flex's element type is chosen at run time: the layers are cast to `--dtype`.
+            (BackendKind::Flex, _) => {
+                type $b = Flex;
+                $body
+            }
+            (BackendKind::Ndarray, Dtype::F32) => {
+                type $b = NdArray;
+                $body
+            }
+            (BackendKind::Ndarray, dtype) => {
+                return Err(format!("ndarray computes in f32 and f64, not {dtype:?}").into());
+            }
+            (BackendKind::Wgpu, Dtype::F32) => {
+                type $b = Wgpu;
+                $body
+            }
+            (BackendKind::Wgpu, Dtype::F16) => {
+                type $b = Wgpu<f16>;
+                $body
+            }
+            (BackendKind::Wgpu, Dtype::Bf16) => {
+                type $b = Wgpu<bf16>;
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            (BackendKind::Cuda, Dtype::F32) => {
+                type $b = burn::backend::Cuda;
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            (BackendKind::Cuda, Dtype::F16) => {
+                type $b = burn::backend::Cuda<f16>;
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            (BackendKind::Cuda, Dtype::Bf16) => {
+                type $b = burn::backend::Cuda<bf16>;
+                $body
+            }
+        }
+    }};
+}
+
+/// Runs the suite and writes `results.{md,json,csv}`, then, with `--profile`, the profiles;
+/// returns where they went.
+pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
     let points: Vec<Point> = grid(args.quick)
         .into_iter()
         .filter(|p| {
@@ -157,27 +234,7 @@ pub fn run(args: &BenchArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
         // Before CubeCL's device thread looks for the adapter and panics without one.
         burn_memory::wgpu_adapter()?;
     }
-    use burn::backend::{Flex, NdArray, Wgpu};
-    use half::{bf16, f16};
-    let rows = match (args.backend, args.dtype) {
-        // Flex's element type is chosen at run time: the layers are cast to `--dtype`.
-        (BackendKind::Flex, _) => measure_all::<Flex>(&points, args)?,
-        (BackendKind::Ndarray, Dtype::F32) => measure_all::<NdArray>(&points, args)?,
-        (BackendKind::Ndarray, dtype) => {
-            return Err(format!("ndarray computes in f32 and f64, not {dtype:?}").into());
-        }
-        (BackendKind::Wgpu, Dtype::F32) => measure_all::<Wgpu>(&points, args)?,
-        (BackendKind::Wgpu, Dtype::F16) => measure_all::<Wgpu<f16>>(&points, args)?,
-        (BackendKind::Wgpu, Dtype::Bf16) => measure_all::<Wgpu<bf16>>(&points, args)?,
-        #[cfg(feature = "cuda")]
-        (BackendKind::Cuda, Dtype::F32) => measure_all::<burn::backend::Cuda>(&points, args)?,
-        #[cfg(feature = "cuda")]
-        (BackendKind::Cuda, Dtype::F16) => measure_all::<burn::backend::Cuda<f16>>(&points, args)?,
-        #[cfg(feature = "cuda")]
-        (BackendKind::Cuda, Dtype::Bf16) => {
-            measure_all::<burn::backend::Cuda<bf16>>(&points, args)?
-        }
-    };
+    let rows = with_backend!(args, |B| measure_all::<B>(&points, args)?);
 
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
     let dir = args.out.join(stamp.to_string());
@@ -191,6 +248,11 @@ pub fn run(args: &BenchArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
         serde_json::to_string_pretty(&rows)?,
     )?;
     plots::write_all(&rows, &dir).map_err(|e| format!("cannot draw the plots: {e}"))?;
+    // After every timing, and after its results are safe on disk.
+    let profiles = match &args.profile {
+        Some(to) => with_backend!(args, |B| profile_all::<B>(&points, args, to)?),
+        None => Vec::new(),
+    };
     if let Some(baseline) = &args.baseline {
         let old: Vec<Row> = serde_json::from_str(&std::fs::read_to_string(baseline)?)?;
         let threshold = args.fail_on_regression.unwrap_or(10.0);
@@ -206,7 +268,27 @@ pub fn run(args: &BenchArgs) -> Result<PathBuf, Box<dyn std::error::Error>> {
             .into());
         }
     }
-    Ok(dir)
+    Ok(Output {
+        results: dir,
+        profiles,
+    })
+}
+
+/// The measurement settings of `args`, once `B` is known to compute in its element type.
+fn settings<B: SketchBackend>(
+    device: &B::Device,
+    args: &BenchArgs,
+) -> Result<Settings, Box<dyn std::error::Error>> {
+    if !B::supports_dtype(device, args.dtype.burn()) {
+        return Err(format!("{} does not support {:?}", B::name(device), args.dtype).into());
+    }
+    Ok(Settings {
+        warmup: args.warmup,
+        runs: args.runs,
+        dtype: args.dtype,
+        device_spec: args.device_model.map(DeviceModel::spec),
+        strategy: args.strategy.burn_sketch(),
+    })
 }
 
 fn measure_all<B: SketchBackend + DeviceMemory>(
@@ -214,16 +296,7 @@ fn measure_all<B: SketchBackend + DeviceMemory>(
     args: &BenchArgs,
 ) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let device = B::Device::default();
-    if !B::supports_dtype(&device, args.dtype.burn()) {
-        return Err(format!("{} does not support {:?}", B::name(&device), args.dtype).into());
-    }
-    let settings = Settings {
-        warmup: args.warmup,
-        runs: args.runs,
-        dtype: args.dtype,
-        device_spec: args.device_model.map(DeviceModel::spec),
-        strategy: args.strategy.burn_sketch(),
-    };
+    let settings = settings::<B>(&device, args)?;
     // Hidden when stderr is not a terminal (CI logs), where it would only add noise.
     let progress = ProgressBar::new(points.len() as u64).with_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}, ~{eta}] {msg}")
@@ -240,6 +313,29 @@ fn measure_all<B: SketchBackend + DeviceMemory>(
         .collect();
     progress.finish_and_clear();
     Ok(rows)
+}
+
+/// The profile pass of `--profile`: every point's workloads on `Profiled<B>`, written under
+/// `dir`; returns the directories written.
+fn profile_all<B: SketchBackend + DeviceMemory>(
+    points: &[Point],
+    args: &BenchArgs,
+    dir: &std::path::Path,
+) -> Result<Vec<PathBuf>, Box<dyn std::error::Error>> {
+    let device = B::Device::default();
+    let settings = settings::<B>(&device, args)?;
+    let profile = profile::ProfileSettings {
+        runs: args.profile_runs as usize,
+        sync_each_op: args.profile_sync,
+    };
+    let mut written = Vec::new();
+    for &point in points {
+        eprintln!("profiling {}", point.id());
+        written.extend(profile::profile_point::<B>(
+            point, &device, settings, profile, dir,
+        )?);
+    }
+    Ok(written)
 }
 
 /// Prints, for every point also in `baseline`, the ratio of sketched median times now over
@@ -286,8 +382,13 @@ mod tests {
             out: out.path().to_path_buf(),
             baseline: None,
             fail_on_regression: None,
+            profile: None,
+            profile_runs: 3,
+            profile_sync: false,
         };
-        let dir = run(&args).unwrap();
+        let output = run(&args).unwrap();
+        assert!(output.profiles.is_empty(), "no --profile, no profile pass");
+        let dir = output.results;
         let rows: Vec<Row> =
             serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap())
                 .unwrap();
