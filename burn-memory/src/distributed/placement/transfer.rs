@@ -40,13 +40,13 @@ pub trait DeviceTransfer: Backend {
 macro_rules! native_transfer {
     () => {
         fn transfer_float(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {
-            burn_backend::ops::FloatTensorOps::float_to_device(tensor, device)
+            <Self as burn_backend::ops::FloatTensorOps<Self>>::float_to_device(tensor, device)
         }
         fn transfer_int(tensor: IntTensor<Self>, device: &Self::Device) -> IntTensor<Self> {
-            burn_backend::ops::IntTensorOps::int_to_device(tensor, device)
+            <Self as burn_backend::ops::IntTensorOps<Self>>::int_to_device(tensor, device)
         }
         fn transfer_bool(tensor: BoolTensor<Self>, device: &Self::Device) -> BoolTensor<Self> {
-            burn_backend::ops::BoolTensorOps::bool_to_device(tensor, device)
+            <Self as burn_backend::ops::BoolTensorOps<Self>>::bool_to_device(tensor, device)
         }
     };
 }
