@@ -27,6 +27,7 @@ pages! {
     MixedPrecision => "memory/mixed-precision.md",
     BatchSize => "memory/batch-size.md",
     Offload => "memory/offload.md",
+    Placement => "memory/placement.md",
     ChunkedInference => "memory/chunked-inference.md",
     BenchmarksOverview => "benchmarks/overview.md",
     Mnist => "benchmarks/mnist.md",

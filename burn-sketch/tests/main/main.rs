@@ -13,6 +13,7 @@ mod ndarray;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;
 mod performer;
+mod placement;
 mod profiled;
 mod transformer;
 mod wgpu;
