@@ -144,6 +144,10 @@ struct Args {
     /// Multi-node: the port this node serves tensors on (default 3100 + rank).
     #[arg(long, value_name = "PORT", requires = "nodes")]
     data_port: Option<u16>,
+    /// Data parallel on a CPU backend: threads of each peer's own compute pool (default: the
+    /// peers share the process's threads).
+    #[arg(long, value_name = "N")]
+    threads_per_peer: Option<usize>,
     /// Data parallel: seconds a collective operation waits for the other peers before the run
     /// fails (a peer died or never arrived).
     #[arg(long, value_name = "SECS", default_value_t = 600)]
@@ -181,6 +185,7 @@ fn main() -> anyhow::Result<()> {
         }))
         .with_devices(args.devices)
         .with_collective_timeout_secs(args.collective_timeout)
+        .with_threads_per_peer(args.threads_per_peer)
         .with_node(args.nodes.map(|nodes| {
             let rank = args.node_rank.unwrap_or(0);
             NodeConfig::new(

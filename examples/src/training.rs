@@ -84,6 +84,10 @@ pub struct TrainingConfig {
     /// How long a collective operation may wait for the other peers, in seconds.
     #[config(default = 600)]
     pub collective_timeout_secs: u64,
+    /// Data parallel on a CPU backend: threads of each peer's own pool (`None`: the peers share
+    /// the process's pool).
+    #[config(default = "None")]
+    pub threads_per_peer: Option<usize>,
 }
 
 /// Why a run could not start.
@@ -338,7 +342,8 @@ fn data_parallel<B: AutodiffBackend>(
         .with_timeout(std::time::Duration::from_secs(
             config.collective_timeout_secs,
         ))
-        .with_node(config.node.clone());
+        .with_node(config.node.clone())
+        .with_threads_per_peer(config.threads_per_peer);
     let parallel = DataParallel::new(devices, parallel_config)?;
     if let Some(node) = &config.node
         && node.rank == 0
@@ -455,6 +460,7 @@ fn prepare_dir(config: &TrainingConfig, dir: &Path, resume: bool) -> Result<usiz
                 c.devices = 0;
                 c.node = None;
                 c.collective_timeout_secs = 0;
+                c.threads_per_peer = None;
                 c.to_string()
             };
             if comparable(&before) != comparable(config) {

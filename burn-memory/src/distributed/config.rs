@@ -27,6 +27,12 @@ pub struct DataParallelConfig {
     /// This process's node in a multi-node run; `None` for one machine.
     #[config(default = "None")]
     pub node: Option<NodeConfig>,
+    /// Threads of each peer's own rayon pool, the pool CPU backends (Flex, NdArray) compute
+    /// on. `None` lets all peers share the process's pool: peers that are threads on one CPU
+    /// then compete for the same cores, as processes with the default OpenMP threads do under
+    /// PyTorch's DDP. Give `cores / peers`.
+    #[config(default = "None")]
+    pub threads_per_peer: Option<usize>,
 }
 
 /// One process of a multi-node run, as burn-collective's global orchestrator sees it.
@@ -91,6 +97,9 @@ impl DataParallelConfig {
         let invalid = |message: String| Err(DistributedError::InvalidConfig(message));
         if local_peers == 0 {
             return invalid("no device: give at least one".into());
+        }
+        if self.threads_per_peer == Some(0) {
+            return invalid("`threads_per_peer` is 0".into());
         }
         if self.timeout.is_zero() {
             return invalid("a timeout of zero lets no collective operation complete".into());

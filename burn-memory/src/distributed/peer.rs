@@ -14,6 +14,9 @@ use burn_collective::{CollectiveConfig, CollectiveError, PeerId, ReduceOperation
 use super::bucket::{Checksums, GradientLayout};
 use super::{DataParallelConfig, DistributedError};
 
+/// How long a renewed multi-node registration waits for the other nodes' data servers.
+const RENEW_GRACE: Duration = Duration::from_millis(20);
+
 /// A job for the peer's collective thread.
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -40,6 +43,9 @@ type Job = Box<dyn FnOnce() + Send>;
 /// type B = Autodiff<Flex>;
 /// let config = DataParallelConfig::new().with_timeout(Duration::from_secs(30));
 /// let model = LinearConfig::new(4, 2).init::<B>(&Default::default());
+/// // Burn initialises parameters at first use: initialise them before copying the model, or
+/// // each copy draws its own weights (and `check_replicas` refuses them).
+/// let _ = (model.weight.val(), model.bias.as_ref().map(|bias| bias.val()));
 /// // Two threads of this process are the two peers; each trains a replica on its shard.
 /// let grads: Vec<_> = std::thread::scope(|scope| {
 ///     let handles: Vec<_> = (0..2)
@@ -70,9 +76,9 @@ pub struct Peer<B: Backend> {
     timeout: Duration,
     jobs: mpsc::Sender<Job>,
     spent: AtomicBool,
-    /// The registration to renew after each operation of a multi-node run (see
-    /// [`Peer::renew`]).
-    renew: Option<CollectiveConfig>,
+    /// The registration to renew after each operation of a multi-node run, and the node's
+    /// data port (see [`Peer::renew`]).
+    renew: Option<(CollectiveConfig, u16)>,
 }
 
 impl<B: Backend> Peer<B> {
@@ -118,7 +124,10 @@ impl<B: Backend> Peer<B> {
             timeout: config.timeout,
             jobs,
             spent: AtomicBool::new(false),
-            renew: config.node.is_some().then(|| collective.clone()),
+            renew: config
+                .node
+                .as_ref()
+                .map(|node| (collective.clone(), node.data_port)),
         };
         peer.call("register", move || {
             burn_collective::register::<B>(id, device, collective)
@@ -144,6 +153,8 @@ impl<B: Backend> Peer<B> {
 
     /// Checks that every peer holds the same parameters as this one, the fixed sketches
     /// included: a CRC-32 of each parameter's bytes, compared across peers in one all-reduce.
+    /// (A model copied before Burn initialised its lazy parameters gives copies with weights
+    /// of their own: this check catches it.)
     ///
     /// # Errors
     /// [`DistributedError::ReplicasDiffer`] naming the parameters that differ somewhere; every
@@ -197,7 +208,9 @@ impl<B: Backend> Peer<B> {
     /// # Errors
     /// [`DistributedError::Timeout`] and [`DistributedError::Collective`].
     pub fn any(&self, yes: bool) -> Result<bool, DistributedError> {
-        let summed = self.all_reduce_values("agree", vec![f32::from(u8::from(yes))])?;
+        // One value per peer: burn-collective's ring cuts a tensor into one slice per node.
+        let values = vec![f32::from(u8::from(yes)); self.world];
+        let summed = self.all_reduce_values("agree", values)?;
         Ok(summed[0] > 0.0)
     }
 
@@ -246,21 +259,38 @@ impl<B: Backend> Peer<B> {
     /// In a multi-node run, leaves and registers again. burn-collective 0.21.0's nodes
     /// synchronise correctly once per registration: the list of nodes that reached the
     /// closing synchronisation of a global all-reduce is never cleared, so the second global
-    /// all-reduce waits forever. A fresh registration gives a fresh node. Multi-node runs
-    /// therefore have one peer per node: with several, a peer could register again before
-    /// the others had left.
+    /// all-reduce waits forever. A fresh registration gives a fresh node, whose data server
+    /// binds the node's port again: the registration waits until the old server has let it
+    /// go. Multi-node runs have one peer per node: with several, a peer could register again
+    /// before the others had left.
     fn renew(&self) -> Result<(), DistributedError> {
-        let Some(collective) = &self.renew else {
+        let Some((collective, port)) = &self.renew else {
             return Ok(());
         };
         let id = self.id;
         self.call("finish", move || {
             burn_collective::finish_collective::<B>(id)
         })?;
+        let start = Instant::now();
+        while std::net::TcpListener::bind(("0.0.0.0", *port)).is_err() {
+            if start.elapsed() > self.timeout {
+                return Err(DistributedError::Timeout {
+                    peer: id.0,
+                    operation: "free the data port",
+                    timeout: self.timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let (device, collective) = (self.device.clone(), collective.clone());
         self.call("register again", move || {
             burn_collective::register::<B>(id, device, collective)
-        })
+        })?;
+        // The other nodes' fresh data servers start on their runtimes' threads when the
+        // registration has already been answered; burn-communication does not retry a refused
+        // connection.
+        std::thread::sleep(RENEW_GRACE);
+        Ok(())
     }
 
     /// Runs `operation` on the peer's collective thread and waits at most the timeout.

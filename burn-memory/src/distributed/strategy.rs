@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use burn::data::dataloader::Progress;
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, Module};
 use burn::optim::GradientsAccumulator;
 use burn::tensor::backend::AutodiffBackend;
 use burn::train::metric::store::EventStoreClient;
@@ -20,6 +20,7 @@ use burn::train::{
 
 use super::step::StepScope;
 use super::{DataParallelConfig, DistributedError, Peer};
+use crate::training::mixed_precision::Materialize;
 
 /// burn-collective keeps one collective per process and backend: one run at a time.
 static RUN: Mutex<()> = Mutex::new(());
@@ -191,7 +192,7 @@ where
     fn fit(
         &self,
         components: TrainingComponents<LC>,
-        learner: Learner<LC>,
+        mut learner: Learner<LC>,
         dataloader_train: TrainLoader<LC>,
         dataloader_valid: ValidLoader<LC>,
         starting_epoch: usize,
@@ -204,6 +205,11 @@ where
             fail(DistributedError::Busy);
             return (learner.model(), components.event_processor);
         };
+        // Burn initialises parameters at their first use, and a copy made before that draws
+        // values of its own: the replicas below must copy initialised parameters.
+        let model = learner.model();
+        model.visit(&mut Materialize);
+        learner.load_model(model.into_record());
         // A fresh collective: an earlier run's peers are gone.
         burn_collective::reset_collective::<<LC::Backend as AutodiffBackend>::InnerBackend>();
 
@@ -245,7 +251,20 @@ where
                         std::thread::Builder::new()
                             .name(format!("data-parallel peer {rank}"))
                             .spawn_scoped(scope, move || {
-                                run_peer(shared, local, device.clone(), learner, shard, main)
+                                let run = || {
+                                    run_peer(shared, local, device.clone(), learner, shard, main)
+                                };
+                                match shared.config.threads_per_peer {
+                                    None => run(),
+                                    Some(threads) => rayon::ThreadPoolBuilder::new()
+                                        .num_threads(threads)
+                                        .thread_name(move |i| format!("peer {rank} compute {i}"))
+                                        .build()
+                                        .map_err(|error| DistributedError::InvalidConfig(format!(
+                                            "a pool of {threads} threads for peer {rank}: {error}"
+                                        )))?
+                                        .install(run),
+                                }
                             })
                             .expect("a thread for the peer")
                     })
@@ -333,6 +352,7 @@ fn run_peer<LC: LearningComponentsTypes>(
         let mut accumulator = GradientsAccumulator::new();
         let mut accumulated = 0;
         let mut stop = false;
+        let mut epoch_items = 0;
         while let Some(item) = iterator.next() {
             iteration += world;
             learner.lr_step();
@@ -363,7 +383,7 @@ fn run_peer<LC: LearningComponentsTypes>(
             steps += 1;
 
             let mut progress = iterator.progress();
-            items = progress.items_processed;
+            epoch_items = progress.items_processed;
             progress.items_processed *= world;
             progress.items_total *= world;
             let item = TrainingItem::new(
@@ -380,6 +400,7 @@ fn run_peer<LC: LearningComponentsTypes>(
             }
         }
 
+        items += epoch_items;
         let mut stop_here = false;
         if let Some(main) = &mut main {
             crate::lock(shared.processor).process_train(LearnerEvent::EndEpoch(epoch));

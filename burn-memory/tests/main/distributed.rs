@@ -671,3 +671,30 @@ fn run_role(role: &str) {
     println!("REFERENCE {}", flat(&reference));
     peer.leave().unwrap();
 }
+
+/// A model whose parameters Burn has not initialised yet (its linear layers are lazy) trains:
+/// the strategy initialises them once before making the replicas, which would otherwise each
+/// draw weights of their own and be refused by the replica check.
+#[test]
+fn a_lazily_initialised_model_trains() {
+    let _lock = exclusive();
+    let device = Default::default();
+    let dir = tempfile::tempdir().unwrap();
+    let train = DataLoaderBuilder::<B, _, _>::new(RowBatcher)
+        .batch_size(4)
+        .build(InMemDataset::new(rows(16)));
+    let valid = DataLoaderBuilder::<Flex, _, _>::new(RowBatcher)
+        .batch_size(4)
+        .build(InMemDataset::new(rows(4)));
+    let parallel = DataParallel::<B>::new(vec![device; 2], config(60_000)).unwrap();
+    SupervisedTraining::new(dir.path(), train, valid)
+        .num_epochs(1)
+        .with_training_strategy(parallel.strategy())
+        .launch(Learner::new(
+            Net::<B>::new(&device),
+            AdamConfig::new().init(),
+            1e-2,
+        ));
+    let report = parallel.report().expect("the replicas agree");
+    assert_eq!((report.steps, report.items), (2, 16));
+}
