@@ -60,9 +60,7 @@ mod own_process;
 pub mod profile;
 pub mod training;
 
-pub use distributed::placement::{
-    DeviceTransfer, MapLayer, Placed, Placement, ToDevice,
-};
+pub use distributed::placement::{DeviceTransfer, MapLayer, Placed, Placement, ToDevice};
 #[cfg(feature = "collective")]
 pub use distributed::{
     DataParallel, DataParallelConfig, DataParallelReport, DistributedError, NodeConfig, Peer,
