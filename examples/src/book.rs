@@ -28,6 +28,7 @@ pages! {
     BatchSize => "memory/batch-size.md",
     Offload => "memory/offload.md",
     Placement => "memory/placement.md",
+    DataParallel => "memory/data-parallel.md",
     ChunkedInference => "memory/chunked-inference.md",
     BenchmarksOverview => "benchmarks/overview.md",
     Mnist => "benchmarks/mnist.md",
