@@ -30,6 +30,19 @@ pub enum DistributedError {
         /// The configured timeout.
         timeout: Duration,
     },
+    /// A collective operation completed without every peer of the run: a node left and
+    /// burn-collective went on with the others.
+    #[error("peer {peer}: `{operation}` counted {found} of the run's {expected} peers")]
+    PeersMissing {
+        /// The global rank of the peer that noticed.
+        peer: u32,
+        /// The collective operation.
+        operation: &'static str,
+        /// The peers of the run.
+        expected: usize,
+        /// The peers the operation counted.
+        found: usize,
+    },
     /// burn-collective refused or failed an operation.
     #[error("peer {peer}: `{operation}` failed in burn-collective: {message}")]
     Collective {

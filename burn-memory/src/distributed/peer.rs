@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{ElementConversion, Tensor, TensorPrimitive};
 use burn_collective::{CollectiveConfig, CollectiveError, PeerId, ReduceOperation};
 
 use super::bucket::{Checksums, GradientLayout};
@@ -242,18 +242,40 @@ impl<B: Backend> Peer<B> {
     }
 
     /// The element-wise sum of `tensor` over every peer.
+    ///
+    /// Every peer adds a 1 at the end, and the sum must count them all: a node that left a
+    /// multi-node run could otherwise let the others go on without it (burn-collective's
+    /// orchestrator answers a new registration without it), each peer training alone on its
+    /// shard with gradients divided by the whole run's size.
     fn all_reduce(
         &self,
         operation: &'static str,
         tensor: Tensor<B, 1>,
     ) -> Result<Tensor<B, 1>, DistributedError> {
         let id = self.id;
-        let primitive = tensor.into_primitive().tensor();
+        let len = tensor.dims()[0];
+        let counted = Tensor::cat(vec![tensor, Tensor::ones([1], &self.device)], 0);
+        let primitive = counted.into_primitive().tensor();
         let summed = self.call(operation, move || {
             burn_collective::all_reduce::<B>(id, primitive, ReduceOperation::Sum)
         })?;
+        let summed = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(summed));
+        let peers = summed
+            .clone()
+            .slice(len..len + 1)
+            .into_scalar()
+            .elem::<f32>();
+        if peers != self.world as f32 {
+            self.spent.store(true, Ordering::Relaxed);
+            return Err(DistributedError::PeersMissing {
+                peer: id.0,
+                operation,
+                expected: self.world,
+                found: peers as usize,
+            });
+        }
         self.renew()?;
-        Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+        Ok(summed.slice(0..len))
     }
 
     /// In a multi-node run, leaves and registers again. burn-collective 0.21.0's nodes

@@ -144,7 +144,7 @@ pub struct BenchArgs {
     pub fail_on_regression: Option<f64>,
     /// After timing, run each point's five operations again under burn-memory's profiler and
     /// write each one's profile (operation table, Chrome trace, viewer.html, memory snapshot,
-    /// peak) to DIR/<point id>/<operation>/. A separate pass: the timings are not affected.
+    /// peak) to `DIR/<point id>/<operation>/`. A separate pass: the timings are not affected.
     #[arg(long, value_name = "DIR")]
     pub profile: Option<PathBuf>,
     /// With --profile: recorded runs of each operation (after one unrecorded run).
