@@ -281,7 +281,7 @@ fn replicas_that_differ_are_refused() {
 #[test]
 fn learner_steps_on_two_peers_match_one_device() {
     let _lock = exclusive();
-    learner_matches_one_device(None);
+    learner_matches_one_device(None, false);
 }
 
 /// The same under f16 mixed precision with dynamic loss scaling: the still-scaled gradients
@@ -289,16 +289,30 @@ fn learner_steps_on_two_peers_match_one_device() {
 #[test]
 fn learner_steps_under_mixed_precision_match_one_device() {
     let _lock = exclusive();
-    learner_matches_one_device(Some(Precision::F16));
+    learner_matches_one_device(Some(Precision::F16), false);
 }
 
-fn learner_matches_one_device(amp: Option<Precision>) {
+/// One peer's gradients overflow (a target of 1e38 in its third batch), the other's do not:
+/// reduced before the overflow check, the step is skipped on both, as on one device over
+/// both batches, and the loss scales stay equal. Reduced after it, peer 0 would step with half
+/// a gradient while peer 1 skipped.
+#[test]
+fn an_overflow_on_one_peer_is_skipped_by_all() {
+    let _lock = exclusive();
+    learner_matches_one_device(Some(Precision::F32), true);
+}
+
+fn learner_matches_one_device(amp: Option<Precision>, overflow: bool) {
     const PEERS: usize = 2;
     const BATCH: usize = 4;
     const STEPS: usize = 5;
     let device = Default::default();
     let dir = tempfile::tempdir().unwrap();
-    let data = rows(PEERS * BATCH * STEPS);
+    let mut data = rows(PEERS * BATCH * STEPS);
+    if overflow {
+        // Peer 1's shard is the second half; its third batch starts 2 batches in.
+        data[PEERS * BATCH * STEPS / 2 + 2 * BATCH + 1].1 = 1e38;
+    }
     let amp = amp.map(|precision| {
         MixedPrecisionConfig::new()
             .with_compute(precision)
@@ -368,6 +382,9 @@ fn learner_matches_one_device(amp: Option<Precision>) {
             want.skipped_steps(),
             "the same skipped steps"
         );
+        if overflow {
+            assert_eq!(want.skipped_steps(), 1, "the overflowing step is skipped");
+        }
     }
 }
 
