@@ -348,16 +348,7 @@ fn data_parallel<B: AutodiffBackend>(
     if let Some(node) = &config.node
         && node.rank == 0
     {
-        let port = node
-            .orchestrator
-            .rsplit_once(':')
-            .and_then(|(_, port)| port.trim_end_matches('/').parse().ok())
-            .ok_or_else(|| {
-                DistributedError::InvalidConfig(format!(
-                    "`{}` names no port (`host:port`)",
-                    node.orchestrator
-                ))
-            })?;
+        let port = node.orchestrator_port()?;
         burn_memory::distributed::spawn_orchestrator(port)?;
         tracing::info!("serving the collective orchestrator on port {port}");
     }

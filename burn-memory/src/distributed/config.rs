@@ -58,6 +58,15 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
+    /// The orchestrator's port: the one the node that serves it (see
+    /// [`spawn_orchestrator`](super::spawn_orchestrator)) listens on.
+    ///
+    /// # Errors
+    /// [`DistributedError::InvalidConfig`] when the address names no port.
+    pub fn orchestrator_port(&self) -> Result<u16, DistributedError> {
+        websocket_address_and_port(&self.orchestrator).map(|(_, port)| port)
+    }
+
     /// The orchestrator's address, with the `ws://` scheme.
     pub(crate) fn orchestrator_address(&self) -> Result<Address, DistributedError> {
         websocket_address(&self.orchestrator)
@@ -70,6 +79,12 @@ impl NodeConfig {
 }
 
 fn websocket_address(address: &str) -> Result<Address, DistributedError> {
+    let (address, _) = websocket_address_and_port(address)?;
+    Address::from_str(&address).map_err(DistributedError::InvalidConfig)
+}
+
+/// `address` with the `ws://` scheme, and its port.
+fn websocket_address_and_port(address: &str) -> Result<(String, u16), DistributedError> {
     let address = if address.contains("://") {
         address.to_string()
     } else {
@@ -82,13 +97,13 @@ fn websocket_address(address: &str) -> Result<Address, DistributedError> {
     };
     let port = rest
         .rsplit_once(':')
-        .map(|(_, port)| port.trim_end_matches('/'));
-    if port.and_then(|port| port.parse::<u16>().ok()).is_none() {
-        return Err(DistributedError::InvalidConfig(format!(
+        .and_then(|(_, port)| port.trim_end_matches('/').parse::<u16>().ok());
+    match port {
+        Some(port) => Ok((address, port)),
+        None => Err(DistributedError::InvalidConfig(format!(
             "`{address}` names no port (`ws://host:port`)"
-        )));
+        ))),
     }
-    Address::from_str(&address).map_err(DistributedError::InvalidConfig)
 }
 
 impl DataParallelConfig {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Tensor, TensorPrimitive};
+use burn::tensor::{Tensor, TensorPrimitive};
 use burn_collective::{CollectiveConfig, CollectiveError, PeerId, ReduceOperation};
 
 use super::bucket::{Checksums, GradientLayout};
@@ -196,10 +196,14 @@ impl<B: Backend> Peer<B> {
         BA: AutodiffBackend<InnerBackend = B>,
         M: Module<BA>,
     {
+        const OPERATION: &str = "all-reduce gradients";
         let layout = GradientLayout::of::<BA, M>(module);
-        let bucket = layout.pack::<B>(&mut grads, &[f32::from(u8::from(stop))], &self.device);
-        let summed = self.all_reduce("all-reduce gradients", bucket)?;
-        let (mean, control) = layout.unpack(summed, self.world, 1);
+        // The stop flag, and this peer's 1 in the count of peers.
+        let control = [f32::from(u8::from(stop)), 1.0];
+        let bucket = layout.pack::<B>(&mut grads, &control, &self.device);
+        let summed = self.all_reduce(OPERATION, bucket)?;
+        let (mean, control) = layout.unpack(summed, self.world, control.len());
+        self.complete(OPERATION, control[1])?;
         Ok((mean, control[0] > 0.0))
     }
 
@@ -230,52 +234,52 @@ impl<B: Backend> Peer<B> {
     fn all_reduce_values(
         &self,
         operation: &'static str,
-        values: Vec<f32>,
+        mut values: Vec<f32>,
     ) -> Result<Vec<f32>, DistributedError> {
+        // This peer's 1 in the count of peers.
+        values.push(1.0);
         let tensor = Tensor::<B, 1>::from_floats(values.as_slice(), &self.device);
-        let summed = self.all_reduce(operation, tensor)?;
-        Ok(summed
+        let mut summed = self
+            .all_reduce(operation, tensor)?
             .into_data()
             .convert::<f32>()
-            .into_vec()
-            .expect("converted to f32"))
+            .into_vec::<f32>()
+            .expect("converted to f32");
+        let count = summed.pop().expect("the count of peers");
+        self.complete(operation, count)?;
+        Ok(summed)
     }
 
     /// The element-wise sum of `tensor` over every peer.
-    ///
-    /// Every peer adds a 1 at the end, and the sum must count them all: a node that left a
-    /// multi-node run could otherwise let the others go on without it (burn-collective's
-    /// orchestrator answers a new registration without it), each peer training alone on its
-    /// shard with gradients divided by the whole run's size.
     fn all_reduce(
         &self,
         operation: &'static str,
         tensor: Tensor<B, 1>,
     ) -> Result<Tensor<B, 1>, DistributedError> {
         let id = self.id;
-        let len = tensor.dims()[0];
-        let counted = Tensor::cat(vec![tensor, Tensor::ones([1], &self.device)], 0);
-        let primitive = counted.into_primitive().tensor();
+        let primitive = tensor.into_primitive().tensor();
         let summed = self.call(operation, move || {
             burn_collective::all_reduce::<B>(id, primitive, ReduceOperation::Sum)
         })?;
-        let summed = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(summed));
-        let peers = summed
-            .clone()
-            .slice(len..len + 1)
-            .into_scalar()
-            .elem::<f32>();
-        if peers != self.world as f32 {
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+    }
+
+    /// Ends `operation` once its result is read: `count`, the sum of every peer's 1, must
+    /// count them all (a node that left a multi-node run could otherwise let the others go on
+    /// without it: burn-collective's orchestrator answers a new registration without it, and
+    /// each would train alone on its shard with gradients divided by the whole run's size);
+    /// then a multi-node peer registers again.
+    fn complete(&self, operation: &'static str, count: f32) -> Result<(), DistributedError> {
+        if count != self.world as f32 {
             self.spent.store(true, Ordering::Relaxed);
             return Err(DistributedError::PeersMissing {
-                peer: id.0,
+                peer: self.id.0,
                 operation,
                 expected: self.world,
-                found: peers as usize,
+                found: count as usize,
             });
         }
-        self.renew()?;
-        Ok(summed.slice(0..len))
+        self.renew()
     }
 
     /// In a multi-node run, leaves and registers again. burn-collective 0.21.0's nodes
