@@ -141,7 +141,8 @@ struct Args {
         requires = "nodes"
     )]
     node_host: String,
-    /// Multi-node: the port this node serves tensors on (default 3100 + rank).
+    /// Multi-node: the first of the two ports this node serves tensors on, PORT and PORT + 1
+    /// (default 3100 + 2 × rank).
     #[arg(long, value_name = "PORT", requires = "nodes")]
     data_port: Option<u16>,
     /// Data parallel on a CPU backend: threads of each peer's own compute pool (default: the
@@ -192,7 +193,7 @@ fn main() -> anyhow::Result<()> {
                 nodes,
                 rank,
                 args.orchestrator.clone().unwrap_or_default(),
-                args.data_port.unwrap_or(3100 + rank as u16),
+                args.data_port.unwrap_or(3100 + 2 * rank as u16),
             )
             .with_host(args.node_host.clone())
         }));

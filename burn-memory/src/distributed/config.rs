@@ -8,6 +8,7 @@ use burn_collective::{AllReduceStrategy, CollectiveConfig};
 use burn_communication::Address;
 
 use super::DistributedError;
+use super::renewal::MAX_HOST_LEN;
 
 /// A data-parallel run: how long a collective operation may wait, and the machines when there
 /// are several.
@@ -53,7 +54,9 @@ pub struct NodeConfig {
     /// The host the other nodes reach this node at.
     #[config(default = "String::from(\"127.0.0.1\")")]
     pub host: String,
-    /// The port this node serves tensors on for the other nodes.
+    /// The first of the two ports this node serves tensors on for the other nodes: it uses
+    /// `data_port` and `data_port + 1` in turn (burn-collective 0.21 needs a new registration
+    /// per operation; see [`Peer`](super::Peer)). Nodes on one host need ports two apart.
     pub data_port: u16,
 }
 
@@ -78,7 +81,7 @@ impl NodeConfig {
     }
 }
 
-fn websocket_address(address: &str) -> Result<Address, DistributedError> {
+pub(crate) fn websocket_address(address: &str) -> Result<Address, DistributedError> {
     let (address, _) = websocket_address_and_port(address)?;
     Address::from_str(&address).map_err(DistributedError::InvalidConfig)
 }
@@ -131,6 +134,18 @@ impl DataParallelConfig {
             }
             node.orchestrator_address()?;
             node.node_address()?;
+            if node.data_port == u16::MAX {
+                return invalid(format!(
+                    "data port {}: a node serves on `data_port` and `data_port + 1`",
+                    node.data_port
+                ));
+            }
+            if node.host.len() > MAX_HOST_LEN {
+                return invalid(format!(
+                    "host `{}` is longer than {MAX_HOST_LEN} bytes",
+                    node.host
+                ));
+            }
             if local_peers > 1 {
                 return invalid(format!(
                     "{local_peers} peers on a node of a multi-node run: burn-collective 0.21.0 \

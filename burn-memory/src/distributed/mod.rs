@@ -27,6 +27,8 @@ mod orchestrator;
 mod peer;
 pub mod placement;
 #[cfg(feature = "collective")]
+mod renewal;
+#[cfg(feature = "collective")]
 pub(crate) mod step;
 #[cfg(feature = "collective")]
 mod strategy;

@@ -9,13 +9,11 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorPrimitive};
-use burn_collective::{CollectiveConfig, CollectiveError, PeerId, ReduceOperation};
+use burn_collective::{CollectiveError, PeerId, ReduceOperation};
 
 use super::bucket::{Checksums, GradientLayout};
+use super::renewal::Renewal;
 use super::{DataParallelConfig, DistributedError};
-
-/// How long a renewed multi-node registration waits for the other nodes' data servers.
-const RENEW_GRACE: Duration = Duration::from_millis(20);
 
 /// A job for the peer's collective thread.
 type Job = Box<dyn FnOnce() + Send>;
@@ -76,9 +74,9 @@ pub struct Peer<B: Backend> {
     timeout: Duration,
     jobs: mpsc::Sender<Job>,
     spent: AtomicBool,
-    /// The registration to renew after each operation of a multi-node run, and the node's
-    /// data port (see [`Peer::renew`]).
-    renew: Option<(CollectiveConfig, u16)>,
+    /// The registration to renew after each operation of a multi-node run (see
+    /// [`Peer::renew`]).
+    renew: Option<Renewal>,
 }
 
 impl<B: Backend> Peer<B> {
@@ -127,11 +125,19 @@ impl<B: Backend> Peer<B> {
             renew: config
                 .node
                 .as_ref()
-                .map(|node| (collective.clone(), node.data_port)),
+                .map(|node| Renewal::new(collective.clone(), node)),
         };
         peer.call("register", move || {
             burn_collective::register::<B>(id, device, collective)
         })?;
+        if let Some(renewal) = &peer.renew {
+            // The nodes learn each other's data servers, to keep their renewals in order.
+            const OPERATION: &str = "exchange data addresses";
+            let values = renewal.address_values(peer.world);
+            let summed = peer.all_reduce_values_once(OPERATION, values)?;
+            renewal.learn_addresses(&summed)?;
+            peer.renew()?;
+        }
         tracing::debug!("peer {} of {} registered", id.0, peer.world);
         Ok(peer)
     }
@@ -203,7 +209,8 @@ impl<B: Backend> Peer<B> {
         let bucket = layout.pack::<B>(&mut grads, &control, &self.device);
         let summed = self.all_reduce(OPERATION, bucket)?;
         let (mean, control) = layout.unpack(summed, self.world, control.len());
-        self.complete(OPERATION, control[1])?;
+        self.check_count(OPERATION, control[1])?;
+        self.renew()?;
         Ok((mean, control[0] > 0.0))
     }
 
@@ -234,6 +241,17 @@ impl<B: Backend> Peer<B> {
     fn all_reduce_values(
         &self,
         operation: &'static str,
+        values: Vec<f32>,
+    ) -> Result<Vec<f32>, DistributedError> {
+        let summed = self.all_reduce_values_once(operation, values)?;
+        self.renew()?;
+        Ok(summed)
+    }
+
+    /// [`Self::all_reduce_values`] without renewing a multi-node registration.
+    fn all_reduce_values_once(
+        &self,
+        operation: &'static str,
         mut values: Vec<f32>,
     ) -> Result<Vec<f32>, DistributedError> {
         // This peer's 1 in the count of peers.
@@ -246,7 +264,7 @@ impl<B: Backend> Peer<B> {
             .into_vec::<f32>()
             .expect("converted to f32");
         let count = summed.pop().expect("the count of peers");
-        self.complete(operation, count)?;
+        self.check_count(operation, count)?;
         Ok(summed)
     }
 
@@ -264,58 +282,55 @@ impl<B: Backend> Peer<B> {
         Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
     }
 
-    /// Ends `operation` once its result is read: `count`, the sum of every peer's 1, must
-    /// count them all (a node that left a multi-node run could otherwise let the others go on
-    /// without it: burn-collective's orchestrator answers a new registration without it, and
-    /// each would train alone on its shard with gradients divided by the whole run's size);
-    /// then a multi-node peer registers again.
-    fn complete(&self, operation: &'static str, count: f32) -> Result<(), DistributedError> {
-        if count != self.world as f32 {
-            self.spent.store(true, Ordering::Relaxed);
-            return Err(DistributedError::PeersMissing {
-                peer: self.id.0,
-                operation,
-                expected: self.world,
-                found: count as usize,
-            });
+    /// Checks `count`, the sum of every peer's 1 in `operation`: it must count them all (a
+    /// node that left a multi-node run could otherwise let the others go on without it, each
+    /// training alone on its shard with gradients divided by the whole run's size).
+    fn check_count(&self, operation: &'static str, count: f32) -> Result<(), DistributedError> {
+        if count == self.world as f32 {
+            return Ok(());
         }
-        self.renew()
+        self.spent.store(true, Ordering::Relaxed);
+        Err(DistributedError::PeersMissing {
+            peer: self.id.0,
+            operation,
+            expected: self.world,
+            found: count as usize,
+        })
     }
 
-    /// In a multi-node run, leaves and registers again. burn-collective 0.21.0's nodes
-    /// synchronise correctly once per registration: the list of nodes that reached the
-    /// closing synchronisation of a global all-reduce is never cleared, so the second global
-    /// all-reduce waits forever. A fresh registration gives a fresh node, whose data server
-    /// binds the node's port again: the registration waits until the old server has let it
-    /// go. Multi-node runs have one peer per node: with several, a peer could register again
-    /// before the others had left.
+    /// In a multi-node run, leaves and registers again once every node has left: burn-collective
+    /// 0.21.0 completes one global operation per registration (see `renewal.rs` for the bug
+    /// and for how the nodes keep in step). Multi-node runs have one peer per node: with
+    /// several, a peer could register again before the others on its node had left.
     fn renew(&self) -> Result<(), DistributedError> {
-        let Some((collective, port)) = &self.renew else {
+        let Some(renewal) = &self.renew else {
             return Ok(());
         };
         let id = self.id;
         self.call("finish", move || {
             burn_collective::finish_collective::<B>(id)
         })?;
-        let start = Instant::now();
-        while std::net::TcpListener::bind(("0.0.0.0", *port)).is_err() {
-            if start.elapsed() > self.timeout {
-                return Err(DistributedError::Timeout {
+        let timeout = |operation| {
+            move |error: super::renewal::WaitError| {
+                self.spent.store(true, Ordering::Relaxed);
+                tracing::error!("peer {}: node {} did not {operation}", id.0, error.rank);
+                DistributedError::Timeout {
                     peer: id.0,
-                    operation: "free the data port",
+                    operation,
                     timeout: self.timeout,
-                });
+                }
             }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let (device, collective) = (self.device.clone(), collective.clone());
+        };
+        renewal
+            .wait_all_left(self.timeout)
+            .map_err(timeout("leave the last registration"))?;
+        let (device, collective) = (self.device.clone(), renewal.next()?);
         self.call("register again", move || {
             burn_collective::register::<B>(id, device, collective)
         })?;
-        // The other nodes' fresh data servers start on their runtimes' threads when the
-        // registration has already been answered; burn-communication does not retry a refused
-        // connection.
-        std::thread::sleep(RENEW_GRACE);
+        renewal
+            .wait_all_serving(self.timeout)
+            .map_err(timeout("serve data for the new registration"))?;
         Ok(())
     }
 

@@ -527,6 +527,16 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A free port whose successor is free too: a node's two data ports.
+fn free_port_pair() -> u16 {
+    loop {
+        let port = free_port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+}
+
 /// The roles of the multi-node test's child processes, by environment variable.
 const ROLE: &str = "BURN_MEMORY_DISTRIBUTED_ROLE";
 
@@ -567,7 +577,7 @@ fn two_node_processes_agree_and_a_killed_node_is_a_timeout() {
         let _orchestrator = Kill(vec![spawn(format!("orchestrator {port}"))]);
         std::thread::sleep(Duration::from_millis(300));
         let nodes: Vec<_> = (0..2)
-            .map(|rank| spawn(format!("node {scenario} {port} {rank} {}", free_port())))
+            .map(|rank| spawn(format!("node {scenario} {port} {rank} {}", free_port_pair())))
             .collect();
         let start = Instant::now();
         let outputs: Vec<_> = nodes
