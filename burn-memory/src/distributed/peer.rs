@@ -74,9 +74,9 @@ pub struct Peer<B: Backend> {
     timeout: Duration,
     jobs: mpsc::Sender<Job>,
     spent: AtomicBool,
-    /// The registration to renew after each operation of a multi-node run (see
-    /// [`Peer::renew`]).
-    renew: Option<Renewal>,
+    /// A multi-node run's registration, left after each operation and renewed before the
+    /// next (see `Peer::rejoin`).
+    renewal: Option<Renewal>,
 }
 
 impl<B: Backend> Peer<B> {
@@ -122,7 +122,7 @@ impl<B: Backend> Peer<B> {
             timeout: config.timeout,
             jobs,
             spent: AtomicBool::new(false),
-            renew: config
+            renewal: config
                 .node
                 .as_ref()
                 .map(|node| Renewal::new(collective.clone(), node)),
@@ -130,13 +130,13 @@ impl<B: Backend> Peer<B> {
         peer.call("register", move || {
             burn_collective::register::<B>(id, device, collective)
         })?;
-        if let Some(renewal) = &peer.renew {
+        if let Some(renewal) = &peer.renewal {
             // The nodes learn each other's data servers, to keep their renewals in order.
             const OPERATION: &str = "exchange data addresses";
             let values = renewal.address_values(peer.world);
             let summed = peer.all_reduce_values_once(OPERATION, values)?;
             renewal.learn_addresses(&summed)?;
-            peer.renew()?;
+            peer.leave_registration()?;
         }
         tracing::debug!("peer {} of {} registered", id.0, peer.world);
         Ok(peer)
@@ -210,7 +210,7 @@ impl<B: Backend> Peer<B> {
         let summed = self.all_reduce(OPERATION, bucket)?;
         let (mean, control) = layout.unpack(summed, self.world, control.len());
         self.check_count(OPERATION, control[1])?;
-        self.renew()?;
+        self.leave_registration()?;
         Ok((mean, control[0] > 0.0))
     }
 
@@ -231,6 +231,10 @@ impl<B: Backend> Peer<B> {
     /// # Errors
     /// [`DistributedError::Timeout`] and [`DistributedError::Collective`].
     pub fn leave(self) -> Result<(), DistributedError> {
+        if self.renewal.as_ref().is_some_and(|renewal| !renewal.is_registered()) {
+            // A multi-node peer left its last registration after its last operation.
+            return Ok(());
+        }
         let id = self.id;
         self.call("finish", move || {
             burn_collective::finish_collective::<B>(id)
@@ -244,7 +248,7 @@ impl<B: Backend> Peer<B> {
         values: Vec<f32>,
     ) -> Result<Vec<f32>, DistributedError> {
         let summed = self.all_reduce_values_once(operation, values)?;
-        self.renew()?;
+        self.leave_registration()?;
         Ok(summed)
     }
 
@@ -274,6 +278,7 @@ impl<B: Backend> Peer<B> {
         operation: &'static str,
         tensor: Tensor<B, 1>,
     ) -> Result<Tensor<B, 1>, DistributedError> {
+        self.rejoin()?;
         let id = self.id;
         let primitive = tensor.into_primitive().tensor();
         let summed = self.call(operation, move || {
@@ -298,18 +303,29 @@ impl<B: Backend> Peer<B> {
         })
     }
 
-    /// In a multi-node run, leaves and registers again once every node has left: burn-collective
+    /// In a multi-node run, leaves the registration after its one operation: burn-collective
     /// 0.21.0 completes one global operation per registration (see `renewal.rs` for the bug
-    /// and for how the nodes keep in step). Multi-node runs have one peer per node: with
-    /// several, a peer could register again before the others on its node had left.
-    fn renew(&self) -> Result<(), DistributedError> {
-        let Some(renewal) = &self.renew else {
+    /// and for how the nodes keep in step). The next operation registers again.
+    fn leave_registration(&self) -> Result<(), DistributedError> {
+        let Some(renewal) = &self.renewal else {
             return Ok(());
         };
         let id = self.id;
+        renewal.mark_left();
         self.call("finish", move || {
             burn_collective::finish_collective::<B>(id)
-        })?;
+        })
+    }
+
+    /// In a multi-node run, registers again before an operation, once every node has left
+    /// the last registration, and waits until every node serves data for the new one. Multi-node
+    /// runs have one peer per node: with several, a peer could register again before the others
+    /// on its node had left.
+    fn rejoin(&self) -> Result<(), DistributedError> {
+        let Some(renewal) = self.renewal.as_ref().filter(|r| !r.is_registered()) else {
+            return Ok(());
+        };
+        let id = self.id;
         let timeout = |operation| {
             move |error: super::renewal::WaitError| {
                 self.spent.store(true, Ordering::Relaxed);

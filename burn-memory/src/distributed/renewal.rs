@@ -4,7 +4,9 @@
 //! burn-collective 0.21.0's nodes synchronise correctly once per registration: the list of
 //! nodes that reached the closing synchronisation of a global all-reduce is never cleared (it
 //! clears a copy), so the second global all-reduce of a registration waits forever. A node
-//! therefore leaves and registers again after each one. Its orchestrator then needs every
+//! therefore leaves after each one and registers again before the next (not right after
+//! leaving: at the end of a run, a node that registered once more and left at once could not
+//! be told from one not serving yet). Its orchestrator then needs every
 //! node to have left before any registers again: it numbers a node by how many are registered,
 //! so a node that comes back while another has not yet left takes that one's number and
 //! address, and is answered at once with a run of its own.
@@ -17,7 +19,8 @@
 //! registration `g + 2` yet, which needs this node, so a refused port is never a node that
 //! already came back on it. After registering, it waits until every other node's new port
 //! accepts connections: burn-communication does not retry a refused one, and a data server
-//! starts on its runtime's thread after the registration has been answered.
+//! starts on its runtime's thread after the registration has been answered. None can have
+//! left `g + 1` yet: its one operation needs this node.
 
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Mutex;
@@ -87,6 +90,8 @@ pub(crate) struct Renewal {
 struct State {
     /// How many times the node has registered, minus one.
     generation: u64,
+    /// Whether the node is registered (between a registration and its one operation).
+    registered: bool,
     /// Every node's data server, by rank, once exchanged.
     nodes: Vec<DataServer>,
 }
@@ -103,6 +108,7 @@ impl Renewal {
             rank: node.rank as usize,
             state: Mutex::new(State {
                 generation: 0,
+                registered: true,
                 nodes: Vec::new(),
             }),
         }
@@ -171,10 +177,21 @@ impl Renewal {
         Ok(())
     }
 
+    /// Whether the node is registered: from a registration to the end of its operation.
+    pub(crate) fn is_registered(&self) -> bool {
+        self.state.lock().expect("not poisoned").registered
+    }
+
+    /// The node leaves its registration.
+    pub(crate) fn mark_left(&self) {
+        self.state.lock().expect("not poisoned").registered = false;
+    }
+
     /// The configuration of the next registration, on the other port.
     pub(crate) fn next(&self) -> Result<CollectiveConfig, DistributedError> {
         let mut state = self.state.lock().expect("not poisoned");
         state.generation += 1;
+        state.registered = true;
         let port = self.this.port(state.generation);
         let address = websocket_address(&format!("{}:{port}", self.this.host))?;
         Ok(self

@@ -281,7 +281,7 @@ fn replicas_that_differ_are_refused() {
 #[test]
 fn learner_steps_on_two_peers_match_one_device() {
     let _lock = exclusive();
-    learner_matches_one_device(None, false);
+    learner_matches_one_device::<B>(Default::default(), None, false);
 }
 
 /// The same under f16 mixed precision with dynamic loss scaling: the still-scaled gradients
@@ -289,7 +289,7 @@ fn learner_steps_on_two_peers_match_one_device() {
 #[test]
 fn learner_steps_under_mixed_precision_match_one_device() {
     let _lock = exclusive();
-    learner_matches_one_device(Some(Precision::F16), false);
+    learner_matches_one_device::<B>(Default::default(), Some(Precision::F16), false);
 }
 
 /// One peer's gradients overflow (a target of 1e38 in its third batch), the other's do not:
@@ -299,14 +299,27 @@ fn learner_steps_under_mixed_precision_match_one_device() {
 #[test]
 fn an_overflow_on_one_peer_is_skipped_by_all() {
     let _lock = exclusive();
-    learner_matches_one_device(Some(Precision::F32), true);
+    learner_matches_one_device::<B>(Default::default(), Some(Precision::F32), true);
 }
 
-fn learner_matches_one_device(amp: Option<Precision>, overflow: bool) {
+/// The same on wgpu (lavapipe in CI): two peers, threads on the one device, against one
+/// device. burn-collective's collective is per backend, so this one is Wgpu's own.
+#[test]
+fn learner_steps_on_two_wgpu_peers_match_one_device() {
+    let _device = crate::wgpu::exclusive();
+    learner_matches_one_device::<Autodiff<burn::backend::Wgpu>>(Default::default(), None, false);
+}
+
+/// Five learner steps of `DataParallel` on two peers against five Adam steps of one device
+/// over the same rows: the same weights (and loss scale and skipped steps under `amp`).
+fn learner_matches_one_device<B: AutodiffBackend>(
+    device: B::Device,
+    amp: Option<Precision>,
+    overflow: bool,
+) {
     const PEERS: usize = 2;
     const BATCH: usize = 4;
     const STEPS: usize = 5;
-    let device = Default::default();
     let dir = tempfile::tempdir().unwrap();
     let mut data = rows(PEERS * BATCH * STEPS);
     if overflow {
@@ -333,10 +346,10 @@ fn learner_matches_one_device(amp: Option<Precision>, overflow: bool) {
     let train = DataLoaderBuilder::<B, _, _>::new(RowBatcher)
         .batch_size(BATCH)
         .build(InMemDataset::new(data.clone()));
-    let valid = DataLoaderBuilder::<Flex, _, _>::new(RowBatcher)
+    let valid = DataLoaderBuilder::<B::InnerBackend, _, _>::new(RowBatcher)
         .batch_size(BATCH)
         .build(InMemDataset::new(rows(8)));
-    let parallel = DataParallel::<B>::new(vec![device; PEERS], config(60_000)).unwrap();
+    let parallel = DataParallel::<B>::new(vec![device.clone(); PEERS], config(60_000)).unwrap();
     let result = SupervisedTraining::new(dir.path(), train, valid)
         .num_epochs(1)
         .with_training_strategy(parallel.strategy())
