@@ -9,7 +9,9 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorPrimitive};
-use burn_collective::{CollectiveError, PeerId, ReduceOperation};
+use burn::backend::Flex;
+use burn::backend::flex::FlexDevice;
+use burn_collective::{CollectiveConfig, CollectiveError, PeerId, ReduceOperation};
 
 use super::bucket::{Checksums, GradientLayout};
 use super::renewal::Renewal;
@@ -74,6 +76,9 @@ pub struct Peer<B: Backend> {
     timeout: Duration,
     jobs: mpsc::Sender<Job>,
     spent: AtomicBool,
+    /// Whether the collective runs on Flex with the tensors staged through host memory (see
+    /// [`reduces_on_device`]).
+    staged: bool,
     /// A multi-node run's registration, left after each operation and renewed before the
     /// next (see `Peer::rejoin`).
     renewal: Option<Renewal>,
@@ -122,14 +127,13 @@ impl<B: Backend> Peer<B> {
             timeout: config.timeout,
             jobs,
             spent: AtomicBool::new(false),
+            staged: !reduces_on_device::<B>(),
             renewal: config
                 .node
                 .as_ref()
                 .map(|node| Renewal::new(collective.clone(), node)),
         };
-        peer.call("register", move || {
-            burn_collective::register::<B>(id, device, collective)
-        })?;
+        peer.register("register", collective)?;
         if let Some(renewal) = &peer.renewal {
             // The nodes learn each other's data servers, to keep their renewals in order.
             const OPERATION: &str = "exchange data addresses";
@@ -235,10 +239,7 @@ impl<B: Backend> Peer<B> {
             // A multi-node peer left its last registration after its last operation.
             return Ok(());
         }
-        let id = self.id;
-        self.call("finish", move || {
-            burn_collective::finish_collective::<B>(id)
-        })
+        self.finish()
     }
 
     /// The element-wise sum of `values` over every peer.
@@ -280,11 +281,51 @@ impl<B: Backend> Peer<B> {
     ) -> Result<Tensor<B, 1>, DistributedError> {
         self.rejoin()?;
         let id = self.id;
+        if self.staged {
+            let host = Tensor::<Flex, 1>::from_data(tensor.into_data(), &FlexDevice);
+            let primitive = host.into_primitive().tensor();
+            let summed = self.call(operation, move || {
+                burn_collective::all_reduce::<Flex>(id, primitive, ReduceOperation::Sum)
+            })?;
+            let summed = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(summed));
+            return Ok(Tensor::from_data(summed.into_data(), &self.device));
+        }
         let primitive = tensor.into_primitive().tensor();
         let summed = self.call(operation, move || {
             burn_collective::all_reduce::<B>(id, primitive, ReduceOperation::Sum)
         })?;
         Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+    }
+
+    /// Registers with burn-collective (of `B`, or of Flex when staged).
+    fn register(
+        &self,
+        operation: &'static str,
+        collective: CollectiveConfig,
+    ) -> Result<(), DistributedError> {
+        let id = self.id;
+        if self.staged {
+            return self.call(operation, move || {
+                burn_collective::register::<Flex>(id, FlexDevice, collective)
+            });
+        }
+        let device = self.device.clone();
+        self.call(operation, move || {
+            burn_collective::register::<B>(id, device, collective)
+        })
+    }
+
+    /// Leaves burn-collective's registration.
+    fn finish(&self) -> Result<(), DistributedError> {
+        let id = self.id;
+        if self.staged {
+            return self.call("finish", move || {
+                burn_collective::finish_collective::<Flex>(id)
+            });
+        }
+        self.call("finish", move || {
+            burn_collective::finish_collective::<B>(id)
+        })
     }
 
     /// Checks `count`, the sum of every peer's 1 in `operation`: it must count them all (a
@@ -310,11 +351,8 @@ impl<B: Backend> Peer<B> {
         let Some(renewal) = &self.renewal else {
             return Ok(());
         };
-        let id = self.id;
         renewal.mark_left();
-        self.call("finish", move || {
-            burn_collective::finish_collective::<B>(id)
-        })
+        self.finish()
     }
 
     /// In a multi-node run, registers again before an operation, once every node has left
@@ -340,10 +378,7 @@ impl<B: Backend> Peer<B> {
         renewal
             .wait_all_left(self.timeout)
             .map_err(timeout("leave the last registration"))?;
-        let (device, collective) = (self.device.clone(), renewal.next()?);
-        self.call("register again", move || {
-            burn_collective::register::<B>(id, device, collective)
-        })?;
+        self.register("register again", renewal.next()?)?;
         renewal
             .wait_all_serving(self.timeout)
             .map_err(timeout("serve data for the new registration"))?;
@@ -396,4 +431,27 @@ impl<B: Backend> Peer<B> {
             }
         }
     }
+}
+
+/// Whether `B`'s peers reduce their tensors with burn-collective on `B` itself: the CPU
+/// backends, whose tensors are host memory that every thread may share. The others (CubeCL,
+/// Fusion) stage the tensors through host memory and reduce them on Flex: burn-fusion 0.21
+/// loses a tensor shared between two threads' streams (burn-collective hands each peer a
+/// clone of one sum: reading it on a second stream fails, "Should have handle for tensor"),
+/// and CubeCL 0.10 moves a tensor between two wgpu devices only on CUDA.
+fn reduces_on_device<B: Backend>() -> bool {
+    use std::any::TypeId;
+    let backend = TypeId::of::<B>();
+    #[cfg(feature = "ndarray")]
+    if backend == TypeId::of::<burn::backend::NdArray>() {
+        return true;
+    }
+    backend == TypeId::of::<Flex>()
+}
+
+/// Gives burn-collective's collectives of `B` (and of Flex, for staged peers) a fresh start:
+/// an earlier run's peers are gone.
+pub(crate) fn reset_collectives<B: Backend>() {
+    burn_collective::reset_collective::<B>();
+    burn_collective::reset_collective::<Flex>();
 }

@@ -211,7 +211,7 @@ where
         model.visit(&mut Materialize);
         learner.load_model(model.into_record());
         // A fresh collective: an earlier run's peers are gone.
-        burn_collective::reset_collective::<<LC::Backend as AutodiffBackend>::InnerBackend>();
+        super::peer::reset_collectives::<<LC::Backend as AutodiffBackend>::InnerBackend>();
 
         let local_peers = self.devices.len();
         let world = self.config.world_size(local_peers);

@@ -171,6 +171,20 @@ fn max_rel(a: &[Vec<f32>], b: &[Vec<f32>], floor: f32) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Largest `‖a - b‖ / ‖b‖` over the tensors of two gradient or weight sets.
+fn norm_rel(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| {
+            assert_eq!(a.len(), b.len());
+            let diff: f32 = a.iter().zip(b).map(|(a, b)| (a - b).powi(2)).sum();
+            let norm: f32 = b.iter().map(|b| b * b).sum();
+            (diff / norm).sqrt()
+        })
+        .fold(0.0, f32::max)
+}
+
 /// The gradients in `grads` of `module`'s trained parameters, in visiting order.
 fn grad_values(module: &Net<B>, grads: &GradientsParams) -> Vec<Vec<f32>> {
     struct Collect<'a>(&'a GradientsParams, Vec<Vec<f32>>);
@@ -242,7 +256,9 @@ fn peers_on_shards_give_the_whole_batch_gradients() {
             grad_values(&model, &mean)
         });
         for (rank, got) in grads.iter().enumerate() {
-            let err = max_rel(got, &expected_values, 1e-3);
+            // Relative to each gradient's norm: an element-wise ratio is large where a
+            // gradient entry is a near-cancelling sum, whatever the order of the additions.
+            let err = norm_rel(got, &expected_values);
             assert!(
                 err <= 1e-5,
                 "{peers} peers, peer {rank}: relative error {err}"
@@ -303,10 +319,12 @@ fn an_overflow_on_one_peer_is_skipped_by_all() {
 }
 
 /// The same on wgpu (lavapipe in CI): two peers, threads on the one device, against one
-/// device. burn-collective's collective is per backend, so this one is Wgpu's own.
+/// device.
 #[test]
 fn learner_steps_on_two_wgpu_peers_match_one_device() {
     let _device = crate::wgpu::exclusive();
+    // One data-parallel run per process, whatever the backend.
+    let _lock = exclusive();
     learner_matches_one_device::<Autodiff<burn::backend::Wgpu>>(Default::default(), None, false);
 }
 
