@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use burn::backend::Flex;
+use burn::backend::flex::FlexDevice;
 use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorPrimitive};
-use burn::backend::Flex;
-use burn::backend::flex::FlexDevice;
 use burn_collective::{CollectiveConfig, CollectiveError, PeerId, ReduceOperation};
 
 use super::bucket::{Checksums, GradientLayout};
@@ -235,7 +235,11 @@ impl<B: Backend> Peer<B> {
     /// # Errors
     /// [`DistributedError::Timeout`] and [`DistributedError::Collective`].
     pub fn leave(self) -> Result<(), DistributedError> {
-        if self.renewal.as_ref().is_some_and(|renewal| !renewal.is_registered()) {
+        if self
+            .renewal
+            .as_ref()
+            .is_some_and(|renewal| !renewal.is_registered())
+        {
             // A multi-node peer left its last registration after its last operation.
             return Ok(());
         }

@@ -608,7 +608,12 @@ fn two_node_processes_agree_and_a_killed_node_is_a_timeout() {
         let _orchestrator = Kill(vec![spawn(format!("orchestrator {port}"))]);
         std::thread::sleep(Duration::from_millis(300));
         let nodes: Vec<_> = (0..2)
-            .map(|rank| spawn(format!("node {scenario} {port} {rank} {}", free_port_pair())))
+            .map(|rank| {
+                spawn(format!(
+                    "node {scenario} {port} {rank} {}",
+                    free_port_pair()
+                ))
+            })
             .collect();
         let start = Instant::now();
         let outputs: Vec<_> = nodes
