@@ -42,7 +42,7 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_memory::offload::{OffloadConfig, OffloadManager};
-use burn_memory::profile::{Profiled, Profiler, ProfilerConfig, StepProfiler};
+use burn_memory::profile::Profiled;
 use burn_memory::{
     CountingAllocator, DeviceMemory, MemoryTracker, MixedPrecisionConfig, Precision, Segments,
 };
@@ -54,6 +54,7 @@ use examples::lm::profile::{ProfiledTraining, train_profiled};
 use examples::lm::{
     Batch, Corpus, FORTUNES_DIR, Positions, TransformerLm, TransformerLmConfig, batch, max_rel_diff,
 };
+use examples::profile_args::ProfileArgs;
 use indicatif::{ProgressBar, ProgressStyle};
 use plotters::prelude::*;
 use serde::Serialize;
@@ -108,21 +109,10 @@ struct Args {
     /// Steps of each arm's memory and speed measurement (alone, before the training runs).
     #[arg(long, value_name = "N", default_value_t = 6)]
     measure_steps: usize,
-    /// Profile a few training steps of each arm and write the operation table, the Chrome
-    /// trace, the viewer and where memory peaked to DIR/<arm>/.
-    #[arg(long, value_name = "DIR")]
-    profile: Option<PathBuf>,
-    /// With --profile: training steps to run before profiling (warm-up).
-    #[arg(long, value_name = "N", default_value_t = 3, requires = "profile")]
-    profile_skip: usize,
-    /// With --profile: training steps to profile.
-    #[arg(long, value_name = "N", default_value_t = 3, requires = "profile",
-          value_parser = clap::value_parser!(u64).range(1..))]
-    profile_steps: u64,
-    /// With --profile: sync the device after every operation, so that each records its
-    /// device time (slower; changes the timing of lazy backends such as wgpu).
-    #[arg(long, requires = "profile")]
-    profile_sync: bool,
+    /// Profiling: --profile DIR (each arm's steps to DIR/<arm>/), --profile-skip,
+    /// --profile-steps, --profile-sync.
+    #[command(flatten)]
+    profile: ProfileArgs,
     /// Adam's learning rate.
     #[arg(long, default_value_t = 3e-3)]
     lr: f64,
@@ -265,7 +255,7 @@ fn main() -> anyhow::Result<()> {
         corpus.valid.len()
     );
     examples::with_backend!(args.backend, |B| {
-        if let Some(dir) = &args.profile {
+        if let Some(dir) = &args.profile.profile {
             profile_arms::<B>(&args, &corpus, dir)?;
         }
         study::<Autodiff<B>>(&args, &corpus)
@@ -288,26 +278,17 @@ where
     B: SketchBackend + DeviceMemory,
 {
     let device = B::Device::default();
-    let recording = ProfilerConfig::new()
-        .with_record_shapes(true)
-        .with_sync_each_op(args.profile_sync);
     let training = ProfiledTraining {
         batch: args.batch,
         context: args.context,
         lr: args.lr,
         seed: 0,
-        steps: args.profile_skip + args.profile_steps as usize,
+        steps: args.profile.total_steps(),
     };
     for arm in selected_arms(args) {
-        // `Copy` for the CPU backends' devices, not for wgpu's.
-        #[allow(clippy::clone_on_copy)]
-        let memory_device = device.clone();
-        let profiler = StepProfiler::new(
-            dir.join(&arm.name),
-            args.profile_skip,
-            args.profile_steps as usize,
-            move || Profiler::start_with_memory::<B>(recording, &memory_device),
-        )?;
+        let profiler = args
+            .profile
+            .step_profiler::<B>(&dir.join(&arm.name), &device)?;
         B::seed(&device, 0);
         let model = lm_config(args, arm.attention, arm.projections, arm.mlp)
             .init::<Autodiff<Profiled<B>>>(&device);

@@ -32,11 +32,12 @@ use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn_memory::Precision;
 use burn_memory::distributed::NodeConfig;
-use burn_memory::profile::{Profiled, Profiler, ProfilerConfig, StepProfiler};
+use burn_memory::profile::Profiled;
 use clap::{Parser, ValueEnum};
 use examples::backend::BackendKind;
 use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
+use examples::profile_args::ProfileArgs;
 use examples::training::{TrainingConfig, describe, train, train_profiled};
 
 /// On NdArray every operation allocates its output. mimalloc keeps freed blocks for the next
@@ -89,7 +90,7 @@ struct Args {
     #[arg(long)]
     resume: bool,
     /// Gradient checkpointing: recompute memory-bound activations in backward.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "profile")]
     checkpointing: bool,
     /// Segment checkpointing: split the layers (hidden layers and the output layer) into N
     /// segments, keep only their inputs in the forward pass, recompute each in backward.
@@ -102,17 +103,10 @@ struct Args {
     /// weights. Needs a backend with that type (Flex, wgpu; NdArray has only f32/f64).
     #[arg(long, value_enum)]
     amp: Option<AmpKind>,
-    /// Profile a few training steps inside the learner and write the operation table, the
-    /// Chrome trace and where memory peaked to DIR.
-    #[arg(long, value_name = "DIR", conflicts_with = "checkpointing")]
-    profile: Option<PathBuf>,
-    /// With --profile: training steps to run before profiling (warm-up).
-    #[arg(long, value_name = "N", default_value_t = 3, requires = "profile")]
-    profile_skip: usize,
-    /// With --profile: training steps to profile.
-    #[arg(long, value_name = "N", default_value_t = 3, requires = "profile",
-          value_parser = clap::value_parser!(u64).range(1..))]
-    profile_steps: u64,
+    /// Profiling: --profile DIR (inside the learner), --profile-skip, --profile-steps,
+    /// --profile-sync.
+    #[command(flatten)]
+    profile: ProfileArgs,
     /// Data-parallel training on N peers on this machine (threads on the device, on
     /// burn-collective): each takes batch-size/N digits of every step, and the gradients are
     /// averaged before each optimizer step.
@@ -153,10 +147,6 @@ struct Args {
     /// fails (a peer died or never arrived).
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     collective_timeout: u64,
-    /// With --profile: sync the device after every operation, so that each records its
-    /// device time (slower; changes the timing of lazy backends such as wgpu).
-    #[arg(long, requires = "profile")]
-    profile_sync: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -210,19 +200,8 @@ fn main() -> anyhow::Result<()> {
 
     let report = examples::with_backend!(args.backend, |B| {
         let device: burn::tensor::Device<B> = Default::default();
-        if let Some(profile_dir) = &args.profile {
-            let profile = ProfilerConfig::new()
-                .with_record_shapes(true)
-                .with_sync_each_op(args.profile_sync);
-            // `Copy` for the CPU backends' devices, not for wgpu's.
-            #[allow(clippy::clone_on_copy)]
-            let memory_device = device.clone();
-            let profiler = StepProfiler::new(
-                profile_dir.clone(),
-                args.profile_skip,
-                args.profile_steps as usize,
-                move || Profiler::start_with_memory::<B>(profile, &memory_device),
-            )?;
+        if let Some(profile_dir) = &args.profile.profile {
+            let profiler = args.profile.step_profiler::<B>(profile_dir, &device)?;
             train_profiled::<Autodiff<Profiled<B>>>(
                 &config,
                 &data,

@@ -8,5 +8,6 @@ pub mod data;
 pub mod lm;
 pub mod mlp;
 pub mod mnist;
+pub mod profile_args;
 pub mod progress;
 pub mod training;
