@@ -12,7 +12,7 @@ use burn_memory::{DeviceMemory, MemoryError};
 #[derive(clap::Args, Debug, Clone)]
 pub struct ProfileArgs {
     /// Profile a few training steps and write the operation table, the Chrome trace, the
-    /// viewer and where memory peaked to DIR.
+    /// viewer and where memory peaked to DIR (a folder per arm where a study trains several).
     #[arg(long, value_name = "DIR")]
     pub profile: Option<PathBuf>,
     /// With --profile: training steps to run before profiling (warm-up).
