@@ -328,6 +328,13 @@ fn learner_steps_on_two_wgpu_peers_match_one_device() {
     learner_matches_one_device::<Autodiff<burn::backend::Wgpu>>(Default::default(), None, false);
 }
 
+/// The same on NdArray, the other CPU backend that reduces in place.
+#[test]
+fn learner_steps_on_two_ndarray_peers_match_one_device() {
+    let _lock = exclusive();
+    learner_matches_one_device::<Autodiff<burn::backend::NdArray>>(Default::default(), None, false);
+}
+
 /// Five learner steps of `DataParallel` on two peers against five Adam steps of one device
 /// over the same rows: the same weights (and loss scale and skipped steps under `amp`).
 fn learner_matches_one_device<B: AutodiffBackend>(
