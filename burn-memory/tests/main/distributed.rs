@@ -268,6 +268,87 @@ fn peers_on_shards_give_the_whole_batch_gradients() {
     }
 }
 
+/// A model whose two hidden layers are one layer (tied weights: the same parameters, used
+/// twice in the forward pass).
+#[derive(Module, Debug)]
+struct Tied<B: Backend> {
+    first: Linear<B>,
+    second: Linear<B>,
+    out: Linear<B>,
+}
+
+impl<B: Backend> Tied<B> {
+    fn new(device: &B::Device) -> Self {
+        let shared = LinearConfig::new(6, 6).init(device);
+        // Initialise before copying: a copy of a lazy parameter draws values of its own.
+        let _ = weights(&shared);
+        Self {
+            first: shared.clone(),
+            second: shared,
+            out: LinearConfig::new(6, 1).init(device),
+        }
+    }
+
+    fn loss(&self, batch: Rows<B>) -> Tensor<B, 1> {
+        let hidden = burn::tensor::activation::tanh(self.first.forward(batch.x));
+        let hidden = burn::tensor::activation::tanh(self.second.forward(hidden));
+        MseLoss::new().forward(self.out.forward(hidden), batch.y, Reduction::Mean)
+    }
+}
+
+/// Tied weights: the layer used twice has one gradient (the sum over both uses), on one
+/// device and after the peers' mean alike.
+#[test]
+fn tied_weights_get_the_whole_batch_gradients() {
+    let _lock = exclusive();
+    let device = Default::default();
+    let model = Tied::<B>::new(&device);
+    let _ = weights(&model);
+    let data = rows(16);
+    let grads_of = |grads: &GradientsParams| -> Vec<Vec<f32>> {
+        struct Collect<'a>(&'a GradientsParams, Vec<Vec<f32>>);
+        impl<Bk: AutodiffBackend> ModuleVisitor<Bk> for Collect<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<Bk, D>>) {
+                let grad = self
+                    .0
+                    .get::<Bk::InnerBackend, D>(param.id)
+                    .expect("a gradient");
+                self.1
+                    .push(grad.into_data().convert::<f32>().into_vec().unwrap());
+            }
+        }
+        let mut collect = Collect(grads, Vec::new());
+        model.visit(&mut collect);
+        collect.1
+    };
+    let whole = GradientsParams::from_grads(
+        model
+            .loss(RowBatcher.batch(data.clone(), &device))
+            .backward(),
+        &model,
+    );
+    assert_eq!(whole.len(), 4, "one weight and one bias per distinct layer");
+    let expected = grads_of(&whole);
+    let grads = on_peers(2, |rank| {
+        let peer = Peer::<Flex>::join(rank, 2, device, &config(20_000)).unwrap();
+        peer.check_replicas(&model).unwrap();
+        let batch: Rows<B> = RowBatcher.batch(data[rank * 8..(rank + 1) * 8].to_vec(), &device);
+        let grads = GradientsParams::from_grads(model.loss(batch).backward(), &model);
+        let (mean, _) = peer.mean_gradients(&model, grads, false).unwrap();
+        peer.leave().unwrap();
+        assert_eq!(
+            mean.len(),
+            4,
+            "peer {rank}: one gradient per distinct parameter"
+        );
+        grads_of(&mean)
+    });
+    for (rank, got) in grads.iter().enumerate() {
+        let err = norm_rel(got, &expected);
+        assert!(err <= 1e-5, "peer {rank}: relative error {err}");
+    }
+}
+
 /// Replicas that differ in a fixed parameter (another seed for the sketches) are refused at
 /// the start, on every peer, naming the parameter.
 #[test]
