@@ -349,6 +349,92 @@ fn tied_weights_get_the_whole_batch_gradients() {
     }
 }
 
+/// A model whose training forward differs from its inference one: BatchNorm normalises each
+/// batch with its own statistics and keeps running ones, which are parameters without
+/// gradients.
+#[derive(Module, Debug)]
+struct Normed<B: Backend> {
+    hidden: Linear<B>,
+    norm: burn::nn::BatchNorm<B>,
+    out: Linear<B>,
+}
+
+impl<B: Backend> Normed<B> {
+    fn loss(&self, batch: Rows<B>) -> Tensor<B, 1> {
+        let hidden = self.norm.forward(self.hidden.forward(batch.x));
+        let output = self.out.forward(burn::tensor::activation::relu(hidden));
+        MseLoss::new().forward(output, batch.y, Reduction::Mean)
+    }
+}
+
+/// BatchNorm on peers: each peer normalises its own shard, as PyTorch's DDP does without
+/// `SyncBatchNorm`, so the mean gradients are the mean of one device's gradients over each
+/// shard separately, not those of the whole batch. The running statistics (parameters without
+/// gradients) pass the replica check and the all-reduce.
+#[test]
+fn batch_norm_peers_average_their_shards_gradients() {
+    let _lock = exclusive();
+    let device = Default::default();
+    let fresh = || Normed::<B> {
+        hidden: LinearConfig::new(6, 8).init(&device),
+        norm: burn::nn::BatchNormConfig::new(8).init(&device),
+        out: LinearConfig::new(8, 1).init(&device),
+    };
+    let model = fresh();
+    let _ = weights(&model);
+    // A copy with running statistics of its own (a clone would share them).
+    let copy = || fresh().load_record(model.clone().into_record());
+    let data = rows(16);
+    let shard = |rank: usize| -> Rows<B> {
+        RowBatcher.batch(data[rank * 8..(rank + 1) * 8].to_vec(), &device)
+    };
+    let values = |grads: &GradientsParams| -> Vec<Vec<f32>> {
+        let two = |id| grads.get::<Flex, 2>(id).expect("a gradient").into_data();
+        let one = |id| grads.get::<Flex, 1>(id).expect("a gradient").into_data();
+        [
+            two(model.hidden.weight.id),
+            one(model.norm.gamma.id),
+            one(model.norm.beta.id),
+            two(model.out.weight.id),
+        ]
+        .into_iter()
+        .map(|data| data.convert::<f32>().into_vec().unwrap())
+        .collect()
+    };
+    let of = |model: Normed<B>, batch: Rows<B>| {
+        values(&GradientsParams::from_grads(
+            model.loss(batch).backward(),
+            &model,
+        ))
+    };
+    let (first, second) = (of(copy(), shard(0)), of(copy(), shard(1)));
+    let expected: Vec<Vec<f32>> = first
+        .iter()
+        .zip(&second)
+        .map(|(a, b)| a.iter().zip(b).map(|(a, b)| (a + b) / 2.0).collect())
+        .collect();
+    let whole = of(copy(), RowBatcher.batch(data.clone(), &device));
+    assert!(
+        norm_rel(&expected, &whole) > 1e-3,
+        "the whole batch's statistics give other gradients"
+    );
+
+    let peers_model = copy();
+    let results = on_peers(2, |rank| {
+        let replica = peers_model.clone();
+        let peer = Peer::<Flex>::join(rank, 2, device, &config(20_000)).unwrap();
+        peer.check_replicas(&replica).unwrap();
+        let grads = GradientsParams::from_grads(replica.loss(shard(rank)).backward(), &replica);
+        let (mean, _) = peer.mean_gradients(&replica, grads, false).unwrap();
+        peer.leave().unwrap();
+        values(&mean)
+    });
+    for (rank, got) in results.iter().enumerate() {
+        let err = norm_rel(got, &expected);
+        assert!(err <= 1e-5, "peer {rank}: relative error {err}");
+    }
+}
+
 /// Replicas that differ in a fixed parameter (another seed for the sketches) are refused at
 /// the start, on every peer, naming the parameter.
 #[test]
