@@ -23,8 +23,8 @@ use burn_memory::distributed::{
 };
 use burn_memory::profile::StepProfiler;
 use burn_memory::{
-    BatchSizeSearchConfig, DeviceMemory, DeviceMemoryMetric, LossScale, MemoryBudget,
-    MixedPrecision, MixedPrecisionConfig, Precision, Segments,
+    BatchSizeSearchConfig, DeviceMemory, DeviceMemoryMetric, DeviceTransfer, LossScale,
+    MemoryBudget, MixedPrecision, MixedPrecisionConfig, Precision, Segments,
 };
 use burn_sketch::SketchBackend;
 
@@ -167,7 +167,7 @@ pub fn train<B>(
 ) -> Result<TrainingReport, TrainingError>
 where
     B: AutodiffBackend + SketchBackend + DeviceMemory,
-    B::InnerBackend: SketchBackend,
+    B::InnerBackend: SketchBackend + DeviceTransfer,
 {
     run::<B>(config, data_dir, dir, resume, device, None)
 }
@@ -188,7 +188,7 @@ pub fn train_profiled<B>(
 ) -> Result<TrainingReport, TrainingError>
 where
     B: AutodiffBackend + SketchBackend + DeviceMemory,
-    B::InnerBackend: SketchBackend,
+    B::InnerBackend: SketchBackend + DeviceTransfer,
 {
     run::<B>(config, data_dir, dir, resume, device, Some(profiler))
 }
@@ -203,7 +203,7 @@ fn run<B>(
 ) -> Result<TrainingReport, TrainingError>
 where
     B: AutodiffBackend + SketchBackend + DeviceMemory,
-    B::InnerBackend: SketchBackend,
+    B::InnerBackend: SketchBackend + DeviceTransfer,
 {
     let mut train_set = Mnist::read(data_dir, "train")?;
     if let Some(limit) = config.train_limit {

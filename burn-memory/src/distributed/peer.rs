@@ -15,7 +15,7 @@ use burn_collective::{CollectiveConfig, CollectiveError, PeerId, ReduceOperation
 
 use super::bucket::{Checksums, GradientLayout};
 use super::renewal::Renewal;
-use super::{DataParallelConfig, DistributedError};
+use super::{DataParallelConfig, DeviceTransfer, DistributedError};
 
 /// A job for the peer's collective thread.
 type Job = Box<dyn FnOnce() + Send>;
@@ -76,15 +76,19 @@ pub struct Peer<B: Backend> {
     timeout: Duration,
     jobs: mpsc::Sender<Job>,
     spent: AtomicBool,
-    /// Whether the collective runs on Flex with the tensors staged through host memory (see
-    /// [`reduces_on_device`]).
+    /// Whether the collective runs on Flex with the tensors staged through host memory: for
+    /// every backend whose tensors are not host memory ([`DeviceTransfer::HOST_MEMORY`]).
+    /// burn-fusion 0.21 loses a tensor shared between two threads' streams (burn-collective
+    /// hands each peer a clone of one sum: reading it on a second stream fails, "Should have
+    /// handle for tensor"), and CubeCL 0.10 moves a tensor between two wgpu devices only on
+    /// CUDA.
     staged: bool,
     /// A multi-node run's registration, left after each operation and renewed before the
     /// next (see `Peer::rejoin`).
     renewal: Option<Renewal>,
 }
 
-impl<B: Backend> Peer<B> {
+impl<B: DeviceTransfer> Peer<B> {
     /// Registers this thread as peer `local` of `local_peers` on this machine, on `device`, and
     /// waits (at most the timeout) until every peer of the run, on every node, has registered.
     ///
@@ -127,7 +131,7 @@ impl<B: Backend> Peer<B> {
             timeout: config.timeout,
             jobs,
             spent: AtomicBool::new(false),
-            staged: !reduces_on_device::<B>(),
+            staged: !B::HOST_MEMORY,
             renewal: config
                 .node
                 .as_ref()
@@ -145,7 +149,9 @@ impl<B: Backend> Peer<B> {
         tracing::debug!("peer {} of {} registered", id.0, peer.world);
         Ok(peer)
     }
+}
 
+impl<B: Backend> Peer<B> {
     /// This peer's global rank, from 0; rank 0 is the main peer.
     pub fn rank(&self) -> u32 {
         self.id.0
@@ -435,22 +441,6 @@ impl<B: Backend> Peer<B> {
             }
         }
     }
-}
-
-/// Whether `B`'s peers reduce their tensors with burn-collective on `B` itself: the CPU
-/// backends, whose tensors are host memory that every thread may share. The others (CubeCL,
-/// Fusion) stage the tensors through host memory and reduce them on Flex: burn-fusion 0.21
-/// loses a tensor shared between two threads' streams (burn-collective hands each peer a
-/// clone of one sum: reading it on a second stream fails, "Should have handle for tensor"),
-/// and CubeCL 0.10 moves a tensor between two wgpu devices only on CUDA.
-fn reduces_on_device<B: Backend>() -> bool {
-    use std::any::TypeId;
-    let backend = TypeId::of::<B>();
-    #[cfg(feature = "ndarray")]
-    if backend == TypeId::of::<burn::backend::NdArray>() {
-        return true;
-    }
-    backend == TypeId::of::<Flex>()
 }
 
 /// Gives burn-collective's collectives of `B` (and of Flex, for staged peers) a fresh start:

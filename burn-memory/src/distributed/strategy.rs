@@ -19,7 +19,7 @@ use burn::train::{
 };
 
 use super::step::StepScope;
-use super::{DataParallelConfig, DistributedError, Peer};
+use super::{DataParallelConfig, DeviceTransfer, DistributedError, Peer};
 use crate::training::mixed_precision::Materialize;
 
 /// burn-collective keeps one collective per process and backend: one run at a time.
@@ -129,6 +129,7 @@ impl<B: AutodiffBackend> DataParallel<B> {
     pub fn strategy<LC>(&self) -> TrainingStrategy<LC>
     where
         LC: LearningComponentsTypes<Backend = B> + Send + 'static,
+        B::InnerBackend: DeviceTransfer,
     {
         TrainingStrategy::Custom(Arc::new(Strategy::<LC> {
             devices: self.devices.clone(),
@@ -188,6 +189,7 @@ struct PeerRun<M> {
 impl<LC> SupervisedLearningStrategy<LC> for Strategy<LC>
 where
     LC: LearningComponentsTypes + Send + 'static,
+    <LC::Backend as AutodiffBackend>::InnerBackend: DeviceTransfer,
 {
     fn fit(
         &self,
@@ -322,14 +324,18 @@ where
 }
 
 /// One peer's training: join, check the replicas, then the epochs.
-fn run_peer<LC: LearningComponentsTypes>(
+fn run_peer<LC>(
     shared: &Shared<'_, LC>,
     local: usize,
     device: burn::tensor::Device<LC::Backend>,
     mut learner: Learner<LC>,
     shard: TrainLoader<LC>,
     mut main: Option<Main<LC>>,
-) -> Result<PeerRun<TrainingModel<LC>>, DistributedError> {
+) -> Result<PeerRun<TrainingModel<LC>>, DistributedError>
+where
+    LC: LearningComponentsTypes,
+    <LC::Backend as AutodiffBackend>::InnerBackend: DeviceTransfer,
+{
     type Inner<LC> = <<LC as LearningComponentsTypes>::Backend as AutodiffBackend>::InnerBackend;
     let peer = Rc::new(Peer::<Inner<LC>>::join(
         local,

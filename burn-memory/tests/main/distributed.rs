@@ -25,7 +25,9 @@ use burn::train::{
 use burn_memory::distributed::{
     DataParallel, DataParallelConfig, DistributedError, NodeConfig, Peer,
 };
-use burn_memory::{LossScale, MixedPrecisionConfig, Precision, SharedMixedPrecision};
+use burn_memory::{
+    DeviceTransfer, LossScale, MixedPrecisionConfig, Precision, SharedMixedPrecision,
+};
 
 use crate::own_process::in_own_process;
 
@@ -502,17 +504,49 @@ fn learner_steps_on_two_ndarray_peers_match_one_device() {
     learner_matches_one_device::<Autodiff<burn::backend::NdArray>>(Default::default(), None, false);
 }
 
+/// One epoch of burn-train's learner with `DataParallel` on `peers` threads of `device`, over
+/// `data` in batches of `batch` made by `batcher`, Adam at 1e-2: the trained model and the run
+/// (for its report).
+fn fit_on_peers<Bk, Bt>(
+    batcher: Bt,
+    data: Vec<Row>,
+    batch: usize,
+    peers: usize,
+    device: &Bk::Device,
+    timeout_ms: u64,
+    model: Net<Bk>,
+) -> (Net<Bk::InnerBackend>, DataParallel<Bk>)
+where
+    Bk: AutodiffBackend,
+    Bk::InnerBackend: DeviceTransfer,
+    Bt: Batcher<Bk, Row, Rows<Bk>> + 'static,
+{
+    let dir = tempfile::tempdir().unwrap();
+    let train = DataLoaderBuilder::new(batcher)
+        .batch_size(batch)
+        .build(InMemDataset::new(data));
+    let valid = DataLoaderBuilder::<Bk::InnerBackend, _, _>::new(RowBatcher)
+        .batch_size(4)
+        .build(InMemDataset::new(rows(4)));
+    let parallel =
+        DataParallel::<Bk>::new(vec![device.clone(); peers], config(timeout_ms)).unwrap();
+    let result = SupervisedTraining::new(dir.path(), train, valid)
+        .num_epochs(1)
+        .with_training_strategy(parallel.strategy())
+        .launch(Learner::new(model, AdamConfig::new().init(), 1e-2));
+    (result.model, parallel)
+}
+
 /// Five learner steps of `DataParallel` on two peers against five Adam steps of one device
 /// over the same rows: the same weights (and loss scale and skipped steps under `amp`).
-fn learner_matches_one_device<B: AutodiffBackend>(
-    device: B::Device,
-    amp: Option<Precision>,
-    overflow: bool,
-) {
+fn learner_matches_one_device<B>(device: B::Device, amp: Option<Precision>, overflow: bool)
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceTransfer,
+{
     const PEERS: usize = 2;
     const BATCH: usize = 4;
     const STEPS: usize = 5;
-    let dir = tempfile::tempdir().unwrap();
     let mut data = rows(PEERS * BATCH * STEPS);
     if overflow {
         // Peer 1's shard is the second half; its third batch starts 2 batches in.
@@ -535,21 +569,19 @@ fn learner_matches_one_device<B: AutodiffBackend>(
     let model = fresh();
     let start = weights(&model);
 
-    let train = DataLoaderBuilder::<B, _, _>::new(RowBatcher)
-        .batch_size(BATCH)
-        .build(InMemDataset::new(data.clone()));
-    let valid = DataLoaderBuilder::<B::InnerBackend, _, _>::new(RowBatcher)
-        .batch_size(BATCH)
-        .build(InMemDataset::new(rows(8)));
-    let parallel = DataParallel::<B>::new(vec![device.clone(); PEERS], config(60_000)).unwrap();
-    let result = SupervisedTraining::new(dir.path(), train, valid)
-        .num_epochs(1)
-        .with_training_strategy(parallel.strategy())
-        .launch(Learner::new(model.clone(), AdamConfig::new().init(), 1e-2));
+    let (trained_model, parallel) = fit_on_peers(
+        RowBatcher,
+        data.clone(),
+        BATCH,
+        PEERS,
+        &device,
+        60_000,
+        model.clone(),
+    );
     let report = parallel.report().expect("the run went through");
     assert_eq!((report.world_size, report.steps), (PEERS, STEPS));
     assert_eq!(report.items, PEERS * BATCH * STEPS);
-    let trained = weights(&result.model);
+    let trained = weights(&trained_model);
 
     // One device: step s sees peer 0's batch s and peer 1's batch s (each peer's shard is a
     // contiguous half of the data, unshuffled).
@@ -578,7 +610,7 @@ fn learner_matches_one_device<B: AutodiffBackend>(
     );
     if amp.is_some() {
         let (got, want) = (
-            result.model.amp.get().unwrap(),
+            trained_model.amp.get().unwrap(),
             reference.amp.get().unwrap(),
         );
         assert_eq!(got.scale(), want.scale(), "the same loss scale");
@@ -644,7 +676,6 @@ fn a_peer_that_panics_ends_the_run_with_its_error() {
         "distributed::a_peer_that_panics_ends_the_run_with_its_error",
         || {
             let device = Default::default();
-            let dir = tempfile::tempdir().unwrap();
             // Row 13 has a NaN feature: the batcher of the peer that gets it panics.
             #[derive(Clone)]
             struct Picky;
@@ -656,22 +687,9 @@ fn a_peer_that_panics_ends_the_run_with_its_error() {
             }
             let mut data = rows(32);
             data[21].0[0] = f32::NAN; // peer 1's third batch
-            let loader = DataLoaderBuilder::<B, _, _>::new(Picky)
-                .batch_size(4)
-                .build(InMemDataset::new(data));
-            let valid = DataLoaderBuilder::<Flex, _, _>::new(Picky)
-                .batch_size(4)
-                .build(InMemDataset::new(rows(4)));
-            let parallel = DataParallel::<B>::new(vec![device; 2], config(2000)).unwrap();
             let start = Instant::now();
-            let _ = SupervisedTraining::new(dir.path(), loader, valid)
-                .num_epochs(1)
-                .with_training_strategy(parallel.strategy())
-                .launch(Learner::new(
-                    Net::<B>::new(&device),
-                    AdamConfig::new().init(),
-                    1e-2,
-                ));
+            let (_, parallel) =
+                fit_on_peers(Picky, data, 4, 2, &device, 2000, Net::<B>::new(&device));
             assert!(
                 start.elapsed() < Duration::from_secs(20),
                 "bounded: {:?}",
@@ -936,22 +954,15 @@ fn run_role(role: &str) {
 fn a_lazily_initialised_model_trains() {
     let _lock = exclusive();
     let device = Default::default();
-    let dir = tempfile::tempdir().unwrap();
-    let train = DataLoaderBuilder::<B, _, _>::new(RowBatcher)
-        .batch_size(4)
-        .build(InMemDataset::new(rows(16)));
-    let valid = DataLoaderBuilder::<Flex, _, _>::new(RowBatcher)
-        .batch_size(4)
-        .build(InMemDataset::new(rows(4)));
-    let parallel = DataParallel::<B>::new(vec![device; 2], config(60_000)).unwrap();
-    SupervisedTraining::new(dir.path(), train, valid)
-        .num_epochs(1)
-        .with_training_strategy(parallel.strategy())
-        .launch(Learner::new(
-            Net::<B>::new(&device),
-            AdamConfig::new().init(),
-            1e-2,
-        ));
+    let (_, parallel) = fit_on_peers(
+        RowBatcher,
+        rows(16),
+        4,
+        2,
+        &device,
+        60_000,
+        Net::<B>::new(&device),
+    );
     let report = parallel.report().expect("the replicas agree");
     assert_eq!((report.steps, report.items), (2, 16));
 }

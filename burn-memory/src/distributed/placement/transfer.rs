@@ -27,6 +27,9 @@ use burn_backend::tensor::{BoolTensor, FloatTensor, IntTensor};
 ///
 /// Each method returns the tensor unchanged when it is already on `device`.
 pub trait DeviceTransfer: Backend {
+    /// Whether the tensors are host memory that every thread may share (the CPU backends).
+    /// The others' tensors live on a device, or behind a fusion stream of one thread.
+    const HOST_MEMORY: bool;
     /// Moves a float tensor; on `Autodiff`, the backward pass moves its gradient back.
     fn transfer_float(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self>;
     /// Moves an int tensor.
@@ -39,6 +42,7 @@ pub trait DeviceTransfer: Backend {
 #[allow(unused_macros)] // Unused without the CPU backends' features.
 macro_rules! native_transfer {
     () => {
+        const HOST_MEMORY: bool = true;
         fn transfer_float(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {
             <Self as burn_backend::ops::FloatTensorOps<Self>>::float_to_device(tensor, device)
         }
@@ -55,6 +59,7 @@ macro_rules! native_transfer {
 #[allow(unused_macros)] // Unused without the CubeCL and fusion features.
 macro_rules! host_transfer {
     () => {
+        const HOST_MEMORY: bool = false;
         fn transfer_float(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {
             use burn_backend::ops::FloatTensorOps;
             if Self::float_device(&tensor) == *device {
@@ -120,6 +125,7 @@ impl<B: burn_fusion::FusionBackend> DeviceTransfer for burn_fusion::Fusion<B> {
 }
 
 impl<B: DeviceTransfer> DeviceTransfer for crate::profile::Profiled<B> {
+    const HOST_MEMORY: bool = B::HOST_MEMORY;
     fn transfer_float(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {
         B::transfer_float(tensor, device)
     }
@@ -147,6 +153,7 @@ impl<B: DeviceTransfer> Backward<B, 1> for Transfer {
 }
 
 impl<B: DeviceTransfer, C: CheckpointStrategy> DeviceTransfer for Autodiff<B, C> {
+    const HOST_MEMORY: bool = B::HOST_MEMORY;
     fn transfer_float(tensor: FloatTensor<Self>, device: &Self::Device) -> FloatTensor<Self> {
         let source = B::float_device(&tensor.primitive);
         if source == *device {
