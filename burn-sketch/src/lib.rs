@@ -36,6 +36,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod cpu;
 mod error;
 mod linear;
 pub mod nn;

@@ -1,25 +1,34 @@
-"""PyTorch's fastest CPU forms of a sketched linear layer, timed like `cargo xtask bench`.
+"""PyTorch's fastest CPU forms of a sketched linear layer and of the dense layer it replaces,
+in one precision, timed like `cargo xtask bench`: the peer our CPU numbers are held against.
 
-The comparison the README's CPU table quotes: the layer `y = x·A·B / (2T) + bias` with
-`A = [S1 | U2]` (`[d_in, 2Tk]`) and `B = [U1; S2]` (`[2Tk, d_out]`) written as two GEMMs,
-`torch.addmm(bias, x @ A, B)`, the fastest form a PyTorch user can write. Three variants:
+The layer `y = x·A·B / (2T) + bias` with `A = [S1 | U2]` (`[d_in, 2Tk]`) and `B = [U1; S2]`
+(`[2Tk, d_out]`) written as two GEMMs, `torch.addmm(bias, x @ A, B)`, the fastest form a
+PyTorch user can write. In f32, bf16 and f16 (inputs, weights and outputs in that type; MKL
+and oneDNN accumulate in f32):
 
 - `forward`: the factors packed once, outside the timed call (inference on fixed weights);
 - `forward_packing`: `A` and `B` concatenated from the four factors on every call, as a
-  training step must (S1 and S2 are separate parameters) and as our forward does;
+  training step must (S1 and S2 are separate parameters);
 - `train`: forward with packing plus backward of `y.sum()`, gradients for `x`, `S1`, `S2` and
-  the bias (the bench's "fwd+bwd").
+  the bias (the bench's "fwd+bwd");
+- `dense_forward`: `nn.functional.linear` with the dense `[d_out, d_in]` weight.
 
-Timing matches the Rust bench: every sample runs the call enough times to last about 2 ms,
-the variants alternate in rounds after an untimed call each, and the median is reported.
+In int8, `torch.ao.quantization.quantize_dynamic` (int8 weights per output channel, activations
+quantized at run time) of the same architectures: `forward` is the two-GEMM layer as two
+`nn.Linear`s, `dense_forward` the dense `nn.Linear`.
 
-    python xtask/pytorch/two_gemm.py --threads 2 --runs 20 --json out.json
+Timing: every sample runs the call enough times to last about 2 ms, the variants alternate in
+rounds after an untimed call each, and the median is reported.
+
+    python xtask/pytorch/two_gemm.py --dtype bf16 --threads 2 --runs 20 --json out.json
 
 The project does not depend on PyTorch; this script is for the comparison only.
 """
 
 import argparse
+import warnings
 import json
+import re
 import statistics
 import time
 
@@ -32,21 +41,34 @@ POINTS = [
     (4096, 4096, 4, 16, 256),
 ]
 
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
 
 def point_id(d_in, d_out, terms, rank, batch):
     return f"d{d_in}x{d_out}-t{terms}-k{rank}-b{batch}"
 
 
-def make_ops(d_in, d_out, terms, rank, batch):
+def parse_point(text):
+    match = re.fullmatch(r"d(\d+)x(\d+)-t(\d+)-k(\d+)-b(\d+)", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a point id: {text}")
+    return tuple(int(v) for v in match.groups())
+
+
+def make_ops(d_in, d_out, terms, rank, batch, dtype):
     g = torch.Generator().manual_seed(0)
     rand = lambda *shape: torch.randn(*shape, generator=g)
-    x = rand(batch, d_in)
-    s1 = rand(terms, d_in, rank).requires_grad_()
-    s2 = rand(terms, rank, d_out).requires_grad_()
-    u1 = rand(terms, rank, d_out).sign()
-    u2 = rand(terms, d_in, rank).sign()
-    bias = rand(d_out).requires_grad_()
     scale = 1.0 / (2 * terms)
+    if dtype == "int8":
+        return make_int8_ops(d_in, d_out, terms, rank, batch, rand, scale)
+    t = DTYPES[dtype]
+    x = rand(batch, d_in).to(t)
+    s1 = rand(terms, d_in, rank).to(t).requires_grad_()
+    s2 = rand(terms, rank, d_out).to(t).requires_grad_()
+    u1 = rand(terms, rank, d_out).sign().to(t)
+    u2 = rand(terms, d_in, rank).sign().to(t)
+    bias = rand(d_out).to(t).requires_grad_()
+    weight = (rand(d_out, d_in) / d_in ** 0.5).to(t)
 
     def pack():
         a = torch.cat([s1.permute(1, 0, 2).reshape(d_in, -1),
@@ -74,7 +96,36 @@ def make_ops(d_in, d_out, terms, rank, batch):
         y.sum().backward()
         return xg.grad
 
-    return {"forward": forward, "forward_packing": forward_packing, "train": train}
+    def dense_forward():
+        with torch.no_grad():
+            return torch.nn.functional.linear(x, weight, bias)
+
+    return {"forward": forward, "forward_packing": forward_packing, "train": train,
+            "dense_forward": dense_forward}
+
+
+def make_int8_ops(d_in, d_out, terms, rank, batch, rand, scale):
+    from torch import nn
+    from torch.ao.quantization import quantize_dynamic
+
+    # quantize_dynamic is deprecated in favour of torchao, which PyPI's torch does not ship.
+    warnings.filterwarnings("ignore", module="torch.ao")
+
+    x = rand(batch, d_in)
+    sketched = nn.Sequential(nn.Linear(d_in, 2 * terms * rank, bias=False),
+                             nn.Linear(2 * terms * rank, d_out))
+    dense = nn.Linear(d_in, d_out)
+    sketched_q = quantize_dynamic(sketched, {nn.Linear}, dtype=torch.qint8)
+    dense_q = quantize_dynamic(dense, {nn.Linear}, dtype=torch.qint8)
+
+    def run(model):
+        def call():
+            with torch.inference_mode():
+                return model(x)
+        return call
+
+    return {"forward": run(sketched_q), "dense_forward": run(dense_q),
+            "forward_f32": run(sketched), "dense_forward_f32": run(dense)}
 
 
 def time_together(ops, warmup, runs, sample_ms=2.0):
@@ -102,6 +153,9 @@ def time_together(ops, warmup, runs, sample_ms=2.0):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", choices=["f32", "bf16", "f16", "int8"], default="f32")
+    parser.add_argument("--points", type=parse_point, nargs="*",
+                        help="point ids (d4096x4096-t1-k64-b256); default: the three CPU points")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -110,15 +164,13 @@ def main():
     torch.set_num_threads(args.threads)
 
     rows = []
-    print("| point | fwd (packed once) ms | fwd (packing) ms | fwd+bwd ms |")
-    print("|---|---|---|---|")
-    for point in POINTS:
-        medians = time_together(make_ops(*point), args.warmup, args.runs)
-        row = {"point": point_id(*point), "torch": torch.__version__,
+    for point in args.points or POINTS:
+        medians = time_together(make_ops(*point, args.dtype), args.warmup, args.runs)
+        row = {"point": point_id(*point), "torch": torch.__version__, "dtype": args.dtype,
                "threads": args.threads, **{f"{k}_ms": v for k, v in medians.items()}}
         rows.append(row)
-        print(f"| {row['point']} | {row['forward_ms']:.2f} | {row['forward_packing_ms']:.2f} "
-              f"| {row['train_ms']:.2f} |", flush=True)
+        print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                       for k, v in row.items()), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

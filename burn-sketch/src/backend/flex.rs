@@ -14,19 +14,24 @@
 //!   and every gradient is written straight into its factor's layout;
 //! - how a product uses the threads depends on its shape ([`Blocks`]).
 //!
-//! Float tensors Flex holds as `f32`, `f64` or `f16` take this path (`f16` products
-//! accumulate as `gemm`'s `f16` kernels do); `bf16`, which Flex multiplies through `f32`
-//! copies, takes the tensor-op path.
+//! Float tensors Flex holds as `f32`, `f64` or `f16` take this path on `gemm` (`f16`
+//! products accumulate as `gemm`'s `f16` kernels do); `bf16` ones take it on
+//! [`cpu::bf16`](crate::cpu::bf16)'s kernel, accumulating in `f32` (Flex's own `matmul`
+//! multiplies `bf16` through `f32` copies).
 
 use burn::backend::Flex;
 use burn::backend::flex::{FlexTensor, Layout};
-use burn::tensor::{Bytes, DType, Shape, Tensor, f16};
+use burn::tensor::{Bytes, DType, Shape, Tensor, bf16, f16};
 use rayon::prelude::*;
 
 use super::{
     KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients, float,
     tensor_ops,
 };
+use crate::cpu::MatRef;
+
+/// A strided matrix over a tensor's buffer.
+type Matrix<'a, E> = MatRef<'a, E>;
 
 impl SketchBackend for Flex {
     fn sketched_linear(
@@ -41,6 +46,7 @@ impl SketchBackend for Flex {
             Some(DType::F32) => forward::<f32>(&operands),
             Some(DType::F64) => forward::<f64>(&operands),
             Some(DType::F16) => forward::<f16>(&operands),
+            Some(DType::BF16) => forward::<bf16>(&operands),
             _ => tensor_ops::sketched_linear(x, weights, bias),
         }
     }
@@ -58,12 +64,13 @@ impl SketchBackend for Flex {
             Some(DType::F32) => backward::<f32>(&operands, wanted),
             Some(DType::F64) => backward::<f64>(&operands, wanted),
             Some(DType::F16) => backward::<f16>(&operands, wanted),
+            Some(DType::BF16) => backward::<bf16>(&operands, wanted),
             _ => tensor_ops::sketched_linear_backward(x, weights, grad_output, wanted),
         }
     }
 }
 
-/// An element type `gemm` multiplies natively.
+/// An element type this path multiplies: `gemm`'s own, or `bf16` on our kernel.
 trait Element: Copy + Send + Sync + 'static {
     const DTYPE: DType;
     const ZERO: Self;
@@ -73,6 +80,17 @@ trait Element: Copy + Send + Sync + 'static {
     fn storage(tensor: &FlexTensor) -> &[Self];
     /// `values` as a tensor buffer, without a copy.
     fn bytes(values: Vec<Self>) -> Bytes;
+    /// One product: `dst = beta·lhs·rhs`, or `+=` with `accumulate`, into the first columns
+    /// of `dst`'s rows of `stride` elements.
+    fn gemm(
+        dst: &mut [Self],
+        stride: usize,
+        lhs: Matrix<'_, Self>,
+        rhs: Matrix<'_, Self>,
+        beta: Self,
+        accumulate: bool,
+        parallelism: gemm::Parallelism,
+    );
 }
 
 macro_rules! element {
@@ -90,12 +108,50 @@ macro_rules! element {
             fn bytes(values: Vec<Self>) -> Bytes {
                 Bytes::from_elems(values)
             }
+            fn gemm(
+                dst: &mut [Self],
+                stride: usize,
+                lhs: Matrix<'_, Self>,
+                rhs: Matrix<'_, Self>,
+                beta: Self,
+                accumulate: bool,
+                parallelism: gemm::Parallelism,
+            ) {
+                gemm_call(dst, stride, lhs, rhs, beta, accumulate, parallelism)
+            }
         }
     };
 }
 element!(f32, F32, 0.0, 1.0, |v: f64| v as f32);
 element!(f64, F64, 0.0, 1.0, |v: f64| v);
 element!(f16, F16, f16::ZERO, f16::ONE, f16::from_f64);
+
+impl Element for bf16 {
+    const DTYPE: DType = DType::BF16;
+    const ZERO: Self = bf16::ZERO;
+    const ONE: Self = bf16::ONE;
+    fn from_f64(value: f64) -> Self {
+        bf16::from_f64(value)
+    }
+    fn storage(tensor: &FlexTensor) -> &[Self] {
+        tensor.storage::<bf16>()
+    }
+    fn bytes(values: Vec<Self>) -> Bytes {
+        Bytes::from_elems(values)
+    }
+    fn gemm(
+        dst: &mut [Self],
+        stride: usize,
+        lhs: Matrix<'_, Self>,
+        rhs: Matrix<'_, Self>,
+        beta: Self,
+        accumulate: bool,
+        parallelism: gemm::Parallelism,
+    ) {
+        let parallel = !matches!(parallelism, gemm::Parallelism::None);
+        crate::cpu::bf16::matmul(dst, stride, lhs, rhs, beta.to_f32(), accumulate, parallel);
+    }
+}
 
 /// The primitives of one call: `x`, the four factors, and the bias (forward) or `∂y`
 /// (backward).
@@ -187,94 +243,16 @@ fn extend_with_run<E: Element>(
     }
 }
 
-/// A strided matrix over a buffer, in elements.
-#[derive(Clone, Copy)]
-struct Matrix<'a, E> {
-    data: &'a [E],
-    offset: usize,
-    rows: usize,
-    cols: usize,
-    row_stride: isize,
-    col_stride: isize,
-}
-
-impl<'a, E: Element> Matrix<'a, E> {
-    /// A row-major `rows × cols` buffer.
-    fn row_major(data: &'a [E], rows: usize, cols: usize) -> Self {
-        assert_eq!(data.len(), rows * cols, "a {rows}×{cols} buffer");
-        Self {
-            data,
-            offset: 0,
-            rows,
-            cols,
-            row_stride: cols as isize,
-            col_stride: 1,
-        }
-    }
-
-    /// The rank-2 tensor `tensor`, through its strides.
-    fn of(tensor: &'a FlexTensor) -> Self {
-        let layout = tensor.layout();
-        let (rows, cols, row_stride, col_stride) = layout.as_2d_strides().expect("a rank-2 tensor");
-        Self {
-            data: E::storage(tensor),
-            offset: layout.start_offset(),
-            rows,
-            cols,
-            row_stride,
-            col_stride,
-        }
-        .checked()
-    }
-
-    /// Rows `start..start + count`.
-    fn rows(self, start: usize, count: usize) -> Self {
-        assert!(start + count <= self.rows, "rows out of range");
-        Self {
-            offset: (self.offset as isize + start as isize * self.row_stride) as usize,
-            rows: count,
-            ..self
-        }
-        .checked()
-    }
-
-    /// Columns `start..start + count`.
-    fn columns(self, start: usize, count: usize) -> Self {
-        self.t().rows(start, count).t()
-    }
-
-    /// The transpose: the same buffer, strides swapped.
-    fn t(self) -> Self {
-        Self {
-            rows: self.cols,
-            cols: self.rows,
-            row_stride: self.col_stride,
-            col_stride: self.row_stride,
-            ..self
-        }
-    }
-
-    /// Asserts that every element lies inside the buffer: `gemm` reads through raw pointers.
-    fn checked(self) -> Self {
-        if self.rows > 0 && self.cols > 0 {
-            let reach = |size: usize, stride: isize| (size as isize - 1) * stride;
-            let (r, c) = (
-                reach(self.rows, self.row_stride),
-                reach(self.cols, self.col_stride),
-            );
-            let low = self.offset as isize + r.min(0) + c.min(0);
-            let high = self.offset as isize + r.max(0) + c.max(0);
-            assert!(
-                low >= 0 && (high as usize) < self.data.len(),
-                "a strided view outside its buffer"
-            );
-        }
-        self
-    }
-
-    fn ptr(&self) -> *const E {
-        self.data.as_ptr().wrapping_add(self.offset)
-    }
+/// The rank-2 `tensor`, through its strides.
+fn matrix<E: Element>(tensor: &FlexTensor) -> Matrix<'_, E> {
+    let layout = tensor.layout();
+    let (rows, cols, row_stride, col_stride) = layout.as_2d_strides().expect("a rank-2 tensor");
+    MatRef::strided(
+        E::storage(tensor),
+        layout.start_offset(),
+        [rows, cols],
+        [row_stride, col_stride],
+    )
 }
 
 /// How a product's rows are shared among rayon's threads.
@@ -325,7 +303,7 @@ fn product<E: Element>(
     beta: E,
     accumulate: bool,
 ) {
-    product_into(dst, rhs.cols, lhs, rhs, beta, accumulate);
+    product_into(dst, rhs.shape()[1], lhs, rhs, beta, accumulate);
 }
 
 /// [`product`] into the first columns of a row-major `dst` whose rows are `stride` long.
@@ -337,8 +315,8 @@ fn product_into<E: Element>(
     beta: E,
     accumulate: bool,
 ) {
-    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
-    assert_eq!(rhs.rows, k, "inner dimensions");
+    let ([m, k], [k2, n]) = (lhs.shape(), rhs.shape());
+    assert_eq!(k2, k, "inner dimensions");
     assert!(
         n <= stride && dst.len() == m * stride,
         "a {m}×{stride} destination"
@@ -351,7 +329,7 @@ fn product_into<E: Element>(
         .enumerate()
         .for_each(|(i, block)| {
             let lhs = lhs.rows(i * blocks.rows, block.len() / stride);
-            gemm(
+            E::gemm(
                 block,
                 stride,
                 lhs,
@@ -365,7 +343,7 @@ fn product_into<E: Element>(
 
 /// One `gemm` call: `dst = beta·lhs·rhs`, or `+=` with `accumulate`, into the first columns of
 /// `dst`'s rows of `stride` elements.
-fn gemm<E: Element>(
+fn gemm_call<E: Element>(
     dst: &mut [E],
     stride: usize,
     lhs: Matrix<'_, E>,
@@ -374,10 +352,13 @@ fn gemm<E: Element>(
     accumulate: bool,
     parallelism: gemm::Parallelism,
 ) {
-    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
-    assert!(rhs.rows == k && n <= stride && dst.len() == m * stride);
-    // SAFETY: `dst` holds m rows of `stride ≥ n` elements and `Matrix::checked` keeps every
-    // element of both operands inside their buffers; `gemm` dispatches on `E` (f32, f64, f16).
+    let ([m, k], [k2, n]) = (lhs.shape(), rhs.shape());
+    assert!(k2 == k && n <= stride && dst.len() == m * stride);
+    let (lhs_ptr, lhs_row, lhs_col) = lhs.raw_parts();
+    let (rhs_ptr, rhs_row, rhs_col) = rhs.raw_parts();
+    // SAFETY: `dst` holds m rows of `stride ≥ n` elements and `MatRef::strided` checked that
+    // every element of both views lies inside its buffer; `gemm` dispatches on `E` (f32, f64,
+    // f16).
     unsafe {
         gemm::gemm(
             m,
@@ -387,12 +368,12 @@ fn gemm<E: Element>(
             1,
             stride as isize,
             accumulate,
-            lhs.ptr(),
-            lhs.col_stride,
-            lhs.row_stride,
-            rhs.ptr(),
-            rhs.col_stride,
-            rhs.row_stride,
+            lhs_ptr,
+            lhs_col,
+            lhs_row,
+            rhs_ptr,
+            rhs_col,
+            rhs_row,
             E::ONE,
             beta,
             false,
@@ -425,8 +406,8 @@ fn values<E: Element>(tensor: &FlexTensor) -> Vec<E> {
 fn forward<E: Element>(operands: &Operands) -> Tensor<Flex, 2> {
     let (terms, d_input, k, d_output) = operands.dims();
     let rank = 2 * terms * k;
-    let x = Matrix::<E>::of(&operands.x);
-    let rows = x.rows;
+    let x = matrix::<E>(&operands.x);
+    let rows = x.shape()[0];
     let bias = operands.extra.as_ref().map(values::<E>);
     let width = rank + usize::from(bias.is_some());
 
@@ -472,9 +453,9 @@ fn forward<E: Element>(operands: &Operands) -> Tensor<Flex, 2> {
 fn backward<E: Element>(operands: &Operands, wanted: WantedGradients) -> SketchGradients<Flex> {
     let (terms, d_input, k, d_output) = operands.dims();
     let (half, rank) = (terms * k, 2 * terms * k);
-    let x = Matrix::<E>::of(&operands.x);
-    let grad_output = Matrix::<E>::of(operands.extra.as_ref().expect("∂y"));
-    let rows = x.rows;
+    let x = matrix::<E>(&operands.x);
+    let grad_output = matrix::<E>(operands.extra.as_ref().expect("∂y"));
+    let rows = x.shape()[0];
     let scale = operands.scale::<E>();
 
     let grad_p = (wanted.x || wanted.s1s || wanted.u2s).then(|| {
@@ -501,7 +482,7 @@ fn backward<E: Element>(operands: &Operands, wanted: WantedGradients) -> SketchG
         // Half `h` (0: U1, 1: S2) of `∂B`, as `[T, k, d_out]`, from `α·x·A`'s half `h`.
         let output_grad = |h: usize| {
             let mut p = vec![E::ZERO; rows * half];
-            let a_half = a.expect("packed").columns(h * half, half);
+            let a_half = a.expect("packed").cols(h * half, half);
             product(&mut p, x, a_half, scale, false);
             let mut out = vec![E::ZERO; half * d_output];
             let p = Matrix::row_major(&p, rows, half);
@@ -518,7 +499,7 @@ fn backward<E: Element>(operands: &Operands, wanted: WantedGradients) -> SketchG
         let grad_p = Matrix::row_major(grad_p.as_deref().expect("wanted"), rows, rank);
         let mut out = vec![E::ZERO; terms * d_input * k];
         for (t, term) in out.chunks_exact_mut(d_input * k).enumerate() {
-            let block = grad_p.columns((h * terms + t) * k, k);
+            let block = grad_p.cols((h * terms + t) * k, k);
             product(term, x.t(), block, E::ONE, false);
         }
         tensor(out, [terms, d_input, k])

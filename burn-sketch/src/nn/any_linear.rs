@@ -1,6 +1,6 @@
-//! [`AnyLinear`]: a linear layer whose kind (dense, sketched, low-rank) is chosen at run time,
-//! so one model type serves every arm of a study and a trained dense model can be sketched in
-//! place (see [`Converter`](super::Converter)).
+//! [`AnyLinear`]: a linear layer whose kind (dense, sketched, low-rank, `int8`) is chosen at
+//! run time, so one model type serves every arm of a study and a trained dense model can be
+//! sketched or quantized in place (see [`Converter`](super::Converter)).
 
 use burn::config::Config;
 use burn::module::{
@@ -12,7 +12,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::{Deserialize, Serialize};
 
-use super::{LowRankLinear, LowRankLinearConfig};
+use super::{Int8Linear, LowRankLinear, LowRankLinearConfig};
 use crate::{SkLinear, SkLinearConfig, SketchBackend, SketchError};
 
 /// Which layer an [`AnyLinearConfig`] builds.
@@ -33,6 +33,10 @@ pub enum LinearKind {
         /// The rank `r`.
         rank: usize,
     },
+    /// [`Int8Linear`]: a trained dense or sketched layer quantized to `int8` for inference.
+    /// It is made by converting one ([`AnyLinear::try_convert`]), never initialised, and has
+    /// nothing to train.
+    Int8,
 }
 
 impl LinearKind {
@@ -46,6 +50,7 @@ impl LinearKind {
                 low_rank,
             } => num_terms * low_rank * (d_input + d_output),
             Self::LowRank { rank } => rank * (d_input + d_output),
+            Self::Int8 => return 0,
         }
     }
 }
@@ -59,6 +64,7 @@ impl std::fmt::Display for LinearKind {
                 low_rank,
             } => write!(f, "sketched T={num_terms} k={low_rank}"),
             Self::LowRank { rank } => write!(f, "low-rank r={rank}"),
+            Self::Int8 => write!(f, "int8"),
         }
     }
 }
@@ -97,7 +103,8 @@ impl AnyLinearConfig {
             .unwrap_or_else(|err| panic!("cannot initialise AnyLinear: {err}"))
     }
 
-    /// [`init`](Self::init), or the error naming the bad size.
+    /// [`init`](Self::init), or the error naming the bad size ([`LinearKind::Int8`] is
+    /// [`SketchError::Unsupported`]: an `int8` layer comes from a trained one).
     pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<AnyLinear<B>, SketchError> {
         let (d_in, d_out) = (self.d_input, self.d_output);
         let layer = match self.kind {
@@ -130,12 +137,17 @@ impl AnyLinearConfig {
                     .with_bias(self.bias)
                     .try_init(device)?,
             ),
+            LinearKind::Int8 => {
+                return Err(SketchError::Unsupported {
+                    what: "initialising an int8 layer (convert a trained one instead)".into(),
+                });
+            }
         };
         Ok(AnyLinear { layer })
     }
 }
 
-/// The three layers an [`AnyLinear`] can hold.
+/// The layers an [`AnyLinear`] can hold.
 // The variants differ in size (a `SkLinear` holds five tensor handles), but a model holds a
 // handful of layers, and Burn's `Module` derive has no boxed form.
 #[allow(clippy::large_enum_variant)]
@@ -147,6 +159,8 @@ pub enum LinearLayer<B: Backend> {
     Sketched(SkLinear<B>),
     /// A plain low-rank layer.
     LowRank(LowRankLinear<B>),
+    /// A dense or sketched layer quantized to `int8`.
+    Int8(Int8Linear<B>),
 }
 
 /// A linear layer that is dense, sketched or low-rank: the kind is data, not a type, so a
@@ -181,6 +195,7 @@ impl<B: Backend> AnyLinear<B> {
                 low_rank: layer.low_rank(),
             },
             LinearLayer::LowRank(layer) => LinearKind::LowRank { rank: layer.rank() },
+            LinearLayer::Int8(_) => LinearKind::Int8,
         }
     }
 
@@ -190,6 +205,7 @@ impl<B: Backend> AnyLinear<B> {
             LinearLayer::Dense(layer) => layer.weight.dims()[0],
             LinearLayer::Sketched(layer) => layer.d_input(),
             LinearLayer::LowRank(layer) => layer.d_input(),
+            LinearLayer::Int8(layer) => layer.d_input(),
         }
     }
 
@@ -199,6 +215,7 @@ impl<B: Backend> AnyLinear<B> {
             LinearLayer::Dense(layer) => layer.weight.dims()[1],
             LinearLayer::Sketched(layer) => layer.d_output(),
             LinearLayer::LowRank(layer) => layer.d_output(),
+            LinearLayer::Int8(layer) => layer.d_output(),
         }
     }
 
@@ -208,6 +225,7 @@ impl<B: Backend> AnyLinear<B> {
             LinearLayer::Dense(layer) => layer.bias.is_some(),
             LinearLayer::Sketched(layer) => layer.bias.is_some(),
             LinearLayer::LowRank(layer) => layer.bias.is_some(),
+            LinearLayer::Int8(layer) => layer.bias.is_some(),
         }
     }
 
@@ -223,13 +241,15 @@ impl<B: Backend> AnyLinear<B> {
             LinearLayer::Dense(layer) => layer.weight.val(),
             LinearLayer::Sketched(layer) => layer.to_dense_weight(),
             LinearLayer::LowRank(layer) => layer.a.val().matmul(layer.b.val()),
+            LinearLayer::Int8(layer) => layer.to_dense_weight(),
         }
     }
 
-    /// This layer sketched as `kind` says: a dense layer becomes the [`SkLinear`] that
-    /// estimates it ([`SkLinear::try_from_linear`]); a layer already of that kind is returned
-    /// as it is. Other conversions (to low-rank, which needs an SVD, or between sketch sizes)
-    /// are [`SketchError::Unsupported`].
+    /// This layer converted as `kind` says: a dense layer becomes the [`SkLinear`] that
+    /// estimates it ([`SkLinear::try_from_linear`]); a dense or sketched layer becomes its
+    /// [`Int8Linear`] for [`LinearKind::Int8`]; a layer already of that kind is returned as
+    /// it is. Other conversions (to low-rank, which needs an SVD, between sketch sizes, or
+    /// out of `int8`) are [`SketchError::Unsupported`].
     pub fn try_convert(self, kind: LinearKind) -> Result<Self, SketchError> {
         if self.kind() == kind {
             return Ok(self);
@@ -246,6 +266,12 @@ impl<B: Backend> AnyLinear<B> {
                 layer: LinearLayer::Sketched(SkLinear::try_from_linear(
                     &dense, num_terms, low_rank,
                 )?),
+            }),
+            (LinearLayer::Dense(dense), LinearKind::Int8) => Ok(Self {
+                layer: LinearLayer::Int8(Int8Linear::from_linear(&dense)),
+            }),
+            (LinearLayer::Sketched(sketched), LinearKind::Int8) => Ok(Self {
+                layer: LinearLayer::Int8(Int8Linear::from_sketched(&sketched)),
             }),
             _ => Err(SketchError::Unsupported {
                 what: format!("converting a {from} layer to {kind}"),
@@ -265,6 +291,7 @@ impl<B: SketchBackend> AnyLinear<B> {
             LinearLayer::Dense(layer) => layer.forward(input),
             LinearLayer::Sketched(layer) => layer.forward(input),
             LinearLayer::LowRank(layer) => layer.forward(input),
+            LinearLayer::Int8(layer) => layer.forward(input),
         }
     }
 }

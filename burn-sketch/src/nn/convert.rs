@@ -12,8 +12,9 @@ use std::cell::RefCell;
 use std::fmt;
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn::tensor::quantization::QuantLevel;
+use burn::tensor::{Bool, DType, Int, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::{AnyLinear, LinearKind};
@@ -106,6 +107,10 @@ pub struct ConvertedLayer {
     pub trainable_before: usize,
     /// Trainable parameters after.
     pub trainable_after: usize,
+    /// Bytes the layer's tensors held before ([`stored_bytes`]).
+    pub bytes_before: usize,
+    /// Bytes they hold after.
+    pub bytes_after: usize,
 }
 
 /// What [`Converter::apply`] did: every converted layer, in module order.
@@ -122,23 +127,41 @@ impl ConversionReport {
             (b + layer.trainable_before, a + layer.trainable_after)
         })
     }
+
+    /// Bytes the converted layers' tensors held, before and after.
+    pub fn bytes(&self) -> (usize, usize) {
+        self.layers.iter().fold((0, 0), |(b, a), layer| {
+            (b + layer.bytes_before, a + layer.bytes_after)
+        })
+    }
 }
 
 impl fmt::Display for ConversionReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "| layer | from | to | trainable before | after |")?;
-        writeln!(f, "|---|---|---|---|---|")?;
+        writeln!(
+            f,
+            "| layer | from | to | trainable before | after | bytes before | after |"
+        )?;
+        writeln!(f, "|---|---|---|---|---|---|---|")?;
         for layer in &self.layers {
             writeln!(
                 f,
-                "| {} | {} | {} | {} | {} |",
-                layer.path, layer.from, layer.to, layer.trainable_before, layer.trainable_after
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                layer.path,
+                layer.from,
+                layer.to,
+                layer.trainable_before,
+                layer.trainable_after,
+                layer.bytes_before,
+                layer.bytes_after
             )?;
         }
         let (before, after) = self.trainable();
+        let (bytes_before, bytes_after) = self.bytes();
         write!(
             f,
-            "{} layers converted, {before} → {after} trainable parameters",
+            "{} layers converted, {before} → {after} trainable parameters, \
+             {bytes_before} → {bytes_after} bytes",
             self.layers.len()
         )
     }
@@ -305,6 +328,7 @@ pub(super) fn convert_in_place<B: Backend>(layer: AnyLinear<B>) -> AnyLinear<B> 
         return layer;
     }
     let before = layer.num_trainable();
+    let bytes_before = stored_bytes::<B, _>(&layer);
     let (keep, outcome) = match layer.clone().try_convert(kind) {
         Ok(converted) => (converted, Ok(())),
         Err(error) => (layer, Err(error)),
@@ -319,11 +343,54 @@ pub(super) fn convert_in_place<B: Backend>(layer: AnyLinear<B>) -> AnyLinear<B> 
                 to: kind,
                 trainable_before: before,
                 trainable_after: keep.num_trainable(),
+                bytes_before,
+                bytes_after: stored_bytes::<B, _>(&keep),
             }),
             Err(error) => active.error = Some(error),
         }
     });
     keep
+}
+
+/// Bytes `module`'s tensors hold, by their element types: four per `f32` value, two per
+/// `f16`/`bf16` one, one per `int8` weight plus four per `int8` tensor's scale.
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::nn::LinearConfig;
+/// use burn_sketch::nn::stored_bytes;
+///
+/// let layer = LinearConfig::new(10, 4).init::<Flex>(&Default::default());
+/// assert_eq!(stored_bytes::<Flex, _>(&layer), 4 * (10 * 4 + 4));
+/// ```
+pub fn stored_bytes<B: Backend, M: Module<B>>(module: &M) -> usize {
+    struct Bytes(usize);
+    impl<B: Backend> ModuleVisitor<B> for Bytes {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let tensor = param.val();
+            let elements = tensor.shape().num_elements();
+            self.0 += match tensor.dtype() {
+                // Values and one scale per quantization block (one for a per-tensor scheme).
+                DType::QFloat(scheme) => {
+                    let blocks = match scheme.level {
+                        QuantLevel::Tensor => 1,
+                        QuantLevel::Block(size) => elements.div_ceil(size.num_elements().max(1)),
+                    };
+                    elements * scheme.value.size_bits() / 8 + 4 * blocks
+                }
+                dtype => elements * dtype.size(),
+            };
+        }
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+            self.0 += param.val().shape().num_elements() * param.val().dtype().size();
+        }
+        fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
+            self.0 += param.val().shape().num_elements();
+        }
+    }
+    let mut bytes = Bytes(0);
+    module.visit(&mut bytes);
+    bytes.0
 }
 
 fn path_of(stack: &[(String, String)]) -> String {
@@ -422,6 +489,8 @@ impl<B: Backend> ModuleVisitor<B> for Lister<B> {
                 layer.kind = LinearKind::LowRank { rank: dims[1] };
                 layer.trainable += elements;
             }
+            // Nothing of an int8 layer trains.
+            ("Int8", _) => layer.kind = LinearKind::Int8,
             _ => layer.trainable += elements,
         }
     }

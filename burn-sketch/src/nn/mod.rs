@@ -7,8 +7,9 @@
 //!   projections; [`PerformerAttention`]: its linear-time approximation (Panther's
 //!   `RandMultiHeadAttention`, FAVOR+); [`TransformerBlock`]: a pre-norm block of either
 //!   attention and an [`Mlp`].
-//! - [`Converter`]: sketches the layers a [`Selection`] picks in any model built from
-//!   `AnyLinear`s; [`AutoTuner`]: searches each group's `(num_terms, low_rank)` for the cheapest
+//! - [`Int8Linear`]: a trained dense or sketched layer with `int8` weights, for inference.
+//! - [`Converter`]: sketches (or quantizes to `int8`) the layers a [`Selection`] picks in any
+//!   model built from `AnyLinear`s, reporting parameters and stored bytes; [`AutoTuner`]: searches each group's `(num_terms, low_rank)` for the cheapest
 //!   one whose quality passes (Panther's `SKAutoTuner`).
 //!
 //! Burn draws a parameter on its first use, and a clone of a parameter not yet drawn draws
@@ -38,6 +39,7 @@ mod attention;
 mod autotune;
 mod block;
 mod convert;
+mod int8;
 mod low_rank;
 mod performer;
 
@@ -50,7 +52,10 @@ pub use autotune::{
 pub use block::{
     AttentionKind, BlockAttention, Mlp, MlpConfig, TransformerBlock, TransformerBlockConfig,
 };
-pub use convert::{ConversionReport, ConvertedLayer, Converter, LayerInfo, Selection};
+pub use convert::{
+    ConversionReport, ConvertedLayer, Converter, LayerInfo, Selection, stored_bytes,
+};
+pub use int8::Int8Linear;
 pub use low_rank::{LowRankLinear, LowRankLinearConfig};
 pub use performer::{FeatureMap, PerformerAttention, PerformerAttentionConfig};
 

@@ -13,6 +13,7 @@
 mod grid;
 mod measure;
 mod memory;
+mod peer;
 mod plots;
 mod profile;
 mod report;
@@ -50,7 +51,8 @@ pub enum BackendKind {
     Cuda,
 }
 
-/// Element types the layers compute in (accumulation is f32 in every case).
+/// Element types the layers compute in (accumulation is f32 in every float case, i32 in
+/// int8's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
@@ -60,6 +62,9 @@ pub enum Dtype {
     F16,
     /// bfloat16.
     Bf16,
+    /// int8 dynamic quantization (`burn_sketch::nn::Int8Linear`, inference only; Flex):
+    /// int8 weights, activations quantized per row at run time, f32 outputs.
+    Int8,
 }
 
 impl Dtype {
@@ -68,14 +73,28 @@ impl Dtype {
         match self {
             Self::F32 => 4,
             Self::F16 | Self::Bf16 => 2,
+            Self::Int8 => 1,
         }
     }
 
+    /// `"f32"`, `"f16"`, `"bf16"`, `"int8"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Bf16 => "bf16",
+            Self::Int8 => "int8",
+        }
+    }
+
+    /// The float type the layers are built in; int8 runs its own workloads
+    /// ([`run_int8`]), so it never reaches a float workload.
     pub(crate) fn burn(self) -> DType {
         match self {
             Self::F32 => DType::F32,
             Self::F16 => DType::F16,
             Self::Bf16 => DType::BF16,
+            Self::Int8 => unreachable!("int8 points run through run_int8"),
         }
     }
 }
@@ -155,6 +174,14 @@ pub struct BenchArgs {
     /// device time (wgpu, cuda).
     #[arg(long, requires = "profile")]
     pub profile_sync: bool,
+    /// A Python with `torch`: on a CPU backend, PyTorch's same-precision form of each point
+    /// (`xtask/pytorch/two_gemm.py`) is timed after ours in the same run, and each row shows
+    /// the ratio. Without one the table says so.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+    /// Leave PyTorch out (the peak fractions are still shown).
+    #[arg(long)]
+    pub no_torch: bool,
 }
 
 /// What a run wrote.
@@ -173,6 +200,9 @@ macro_rules! with_backend {
         use burn::backend::{Flex, NdArray, Wgpu};
         use half::{bf16, f16};
         match ($args.backend, $args.dtype) {
+            (_, Dtype::Int8) => {
+                return Err("int8 points run through run_int8".into());
+            }
             // Flex's element type is chosen at run time: the layers are cast to `--dtype`.
             (BackendKind::Flex, _) => {
                 type $b = Flex;
@@ -234,11 +264,14 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         // Before CubeCL's device thread looks for the adapter and panics without one.
         burn_memory::wgpu_adapter()?;
     }
-    let rows = with_backend!(args, |B| measure_all::<B>(&points, args)?);
-
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
     let dir = args.out.join(stamp.to_string());
     std::fs::create_dir_all(&dir)?;
+    if args.dtype == Dtype::Int8 {
+        return run_int8(&points, args, dir);
+    }
+    let rows = with_backend!(args, |B| measure_all::<B>(&points, args)?);
+
     let table = report::markdown(&rows);
     println!("{table}");
     std::fs::write(dir.join("results.md"), &table)?;
@@ -248,6 +281,17 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         serde_json::to_string_pretty(&rows)?,
     )?;
     plots::write_all(&rows, &dir).map_err(|e| format!("cannot draw the plots: {e}"))?;
+    if matches!(args.backend, BackendKind::Flex | BackendKind::Ndarray) {
+        let sides = rows
+            .iter()
+            .map(|row| {
+                let kernel = (args.dtype == Dtype::Bf16)
+                    .then(|| peer::dense_bf16_kernel(row.point, args.warmup, args.runs));
+                (row.point, peer::float_side(row, kernel))
+            })
+            .collect();
+        compare_on_cpu(&points, sides, args, &dir)?;
+    }
     // After every timing, and after its results are safe on disk.
     let profiles = match &args.profile {
         Some(to) => with_backend!(args, |B| profile_all::<B>(&points, args, to)?),
@@ -275,6 +319,91 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
 }
 
 /// The measurement settings of `args`, once `B` is known to compute in its element type.
+/// `--dtype int8`: our int8 layers (and the f32 ones they come from) on Flex, then the
+/// comparison with PyTorch's `quantize_dynamic`.
+fn run_int8(
+    points: &[Point],
+    args: &BenchArgs,
+    dir: PathBuf,
+) -> Result<Output, Box<dyn std::error::Error>> {
+    if args.backend != BackendKind::Flex {
+        return Err("int8 runs on Flex (--backend flex): its kernel is the CPU's".into());
+    }
+    let progress = ProgressBar::new(points.len() as u64).with_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}, ~{eta}] {msg}")
+            .expect("a valid template"),
+    );
+    let rows: Vec<peer::Int8Row> = points
+        .iter()
+        .map(|&point| {
+            progress.set_message(point.id());
+            let row = peer::measure_int8(point, args.warmup, args.runs);
+            progress.inc(1);
+            row
+        })
+        .collect();
+    progress.finish_and_clear();
+    println!("| point | int8 sketch / f32 sketch ms | int8 dense / f32 dense ms | relative error sketch / dense |");
+    println!("|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {:.2} / {:.2} | {:.2} / {:.2} | {:.4} / {:.4} |",
+            r.point.id(),
+            r.sketch_forward.median_ms,
+            r.sketch_forward_f32.median_ms,
+            r.dense_forward.median_ms,
+            r.dense_forward_f32.median_ms,
+            r.sketch_error,
+            r.dense_error
+        );
+    }
+    std::fs::write(dir.join("int8.json"), serde_json::to_string_pretty(&rows)?)?;
+    let sides = rows.iter().map(|r| (r.point, peer::int8_side(r))).collect();
+    compare_on_cpu(points, sides, args, &dir)?;
+    Ok(Output {
+        results: dir,
+        profiles: Vec::new(),
+    })
+}
+
+/// This CPU's peak and PyTorch's same-precision times next to ours: printed, and written as
+/// `peer.md` and `peer.json`.
+fn compare_on_cpu(
+    points: &[Point],
+    sides: Vec<(Point, peer::Side)>,
+    args: &BenchArgs,
+    dir: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let peaks = peer::Peaks::measure();
+    let torch = if args.no_torch {
+        Err("--no-torch".to_string())
+    } else {
+        eprintln!("timing PyTorch's {} forms with {}", args.dtype.name(), args.python);
+        peer::torch_rows(&args.python, args.dtype, points, args.runs, dir)
+    };
+    let comparisons = peer::compare(args.dtype, sides, torch.as_deref().ok(), &peaks);
+    let table = format!(
+        "{}\n{}",
+        peaks.markdown(),
+        peer::markdown(&comparisons, torch.as_ref().err().map(String::as_str))
+    );
+    println!("{table}");
+    std::fs::write(dir.join("peer.md"), &table)?;
+    #[derive(Serialize)]
+    struct PeerJson<'a> {
+        peaks: peer::Peaks,
+        rows: &'a [peer::Comparison],
+        torch: Option<&'a [peer::TorchRow]>,
+    }
+    let json = PeerJson {
+        peaks,
+        rows: &comparisons,
+        torch: torch.as_deref().ok(),
+    };
+    std::fs::write(dir.join("peer.json"), serde_json::to_string_pretty(&json)?)?;
+    Ok(())
+}
+
 fn settings<B: SketchBackend>(
     device: &B::Device,
     args: &BenchArgs,
@@ -385,6 +514,8 @@ mod tests {
             profile: None,
             profile_runs: 3,
             profile_sync: false,
+            python: "python3".into(),
+            no_torch: true,
         };
         let output = run(&args).unwrap();
         assert!(output.profiles.is_empty(), "no --profile, no profile pass");

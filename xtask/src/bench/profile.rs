@@ -108,6 +108,8 @@ mod tests {
             fail_on_regression: None,
             profile: Some(profile_dir.clone()),
             profile_runs: 2,
+            python: "python3".into(),
+            no_torch: true,
             profile_sync: false,
         };
         let output = run(&args).unwrap();

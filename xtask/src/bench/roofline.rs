@@ -91,6 +91,8 @@ impl Roofline {
         let peak = match dtype {
             Dtype::F32 => spec.f32_tflops,
             Dtype::F16 | Dtype::Bf16 => spec.half_tflops,
+            // The datasheets' int8 rates are not in `DeviceSpec`; int8 runs on the CPU only.
+            Dtype::Int8 => spec.half_tflops,
         } * 1e12;
         let bandwidth = spec.bandwidth_gbs * 1e9;
         let bound = |flops: f64, bytes: f64| {

@@ -1,0 +1,140 @@
+//! This CPU's measured peak for each kind of product, so that a benchmark can state each
+//! row's fraction of it: independent chains of the kernels' own multiply-add instructions,
+//! one per thread, timed.
+//!
+//! | precision | instruction | operations per instruction |
+//! |---|---|---|
+//! | `f32` | `vfmadd231ps` (AVX-512) | 32 (16 multiplies, 16 adds) |
+//! | `bf16` | `vdpbf16ps` (AVX512-BF16) | 64 |
+//! | `int8` | `vpdpbusd` (AVX512-VNNI) | 128 |
+
+use std::time::Instant;
+
+use super::features;
+
+/// A precision whose peak [`measure`] times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// `f32` fused multiply-adds.
+    F32,
+    /// `bf16` pair dot products into `f32`.
+    Bf16,
+    /// `u8 × i8` quad dot products into `i32`.
+    Int8,
+}
+
+impl Precision {
+    /// `"f32"`, `"bf16"`, `"int8"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+            Self::Int8 => "int8",
+        }
+    }
+}
+
+/// Operations (a multiply and an add count two) per second on `threads` threads, or `None`
+/// where this CPU lacks the instruction.
+pub fn measure(precision: Precision, threads: usize) -> Option<f64> {
+    let f = features();
+    let available = match precision {
+        Precision::F32 => f.avx512,
+        Precision::Bf16 => f.avx512_bf16,
+        Precision::Int8 => f.avx512_vnni,
+    };
+    if !available {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        const ITERATIONS: u64 = 20_000_000;
+        let threads = threads.max(1);
+        let run = || {
+            // SAFETY: the instruction's features were detected above.
+            unsafe { kernels::chains(precision, ITERATIONS) }
+        };
+        run(); // warm the clocks
+        let start = Instant::now();
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(run);
+            }
+        });
+        let seconds = start.elapsed().as_secs_f64();
+        let per_instruction = match precision {
+            Precision::F32 => 32.0,
+            Precision::Bf16 => 64.0,
+            Precision::Int8 => 128.0,
+        };
+        let instructions = (ITERATIONS * kernels::CHAINS as u64 * threads as u64) as f64;
+        Some(instructions * per_instruction / seconds)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = threads;
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod kernels {
+    use std::arch::x86_64::*;
+
+    use super::Precision;
+
+    /// Independent accumulators: enough to cover the instructions' latency on two pipes.
+    pub(super) const CHAINS: usize = 12;
+
+    /// Runs `iterations` rounds of [`CHAINS`] independent multiply-adds of `precision`.
+    ///
+    /// # Safety
+    /// The CPU has the precision's instruction (see [`super::measure`]).
+    pub(super) unsafe fn chains(precision: Precision, iterations: u64) -> f32 {
+        // SAFETY: the caller checked the instruction's feature.
+        let sink = unsafe {
+            match precision {
+                Precision::F32 => f32_chains(iterations),
+                Precision::Bf16 => bf16_chains(iterations),
+                Precision::Int8 => int8_chains(iterations),
+            }
+        };
+        std::hint::black_box(sink)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    fn f32_chains(iterations: u64) -> f32 {
+        let (a, b) = (_mm512_set1_ps(1.000_001), _mm512_set1_ps(0.999_999));
+        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        for _ in 0..iterations {
+            for c in &mut acc {
+                *c = _mm512_fmadd_ps(a, b, *c);
+            }
+        }
+        acc.iter().map(|&c| _mm512_reduce_add_ps(c)).sum()
+    }
+
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    fn bf16_chains(iterations: u64) -> f32 {
+        let a: __m512bh = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5), _mm512_set1_ps(0.25));
+        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        for _ in 0..iterations {
+            for c in &mut acc {
+                *c = _mm512_dpbf16_ps(*c, a, a);
+            }
+        }
+        acc.iter().map(|&c| _mm512_reduce_add_ps(c)).sum()
+    }
+
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    fn int8_chains(iterations: u64) -> f32 {
+        let (a, b) = (_mm512_set1_epi8(1), _mm512_set1_epi8(-1));
+        let mut acc = [_mm512_setzero_si512(); CHAINS];
+        for _ in 0..iterations {
+            for c in &mut acc {
+                *c = _mm512_dpbusd_epi32(*c, a, b);
+            }
+        }
+        acc.iter().map(|&c| _mm512_reduce_add_epi32(c) as f32).sum()
+    }
+}
