@@ -92,6 +92,10 @@ struct Args {
     /// Gradient checkpointing: recompute memory-bound activations in backward.
     #[arg(long, conflicts_with = "profile")]
     checkpointing: bool,
+    /// After training, quantize every layer to int8 (burn-sketch's `Int8Linear`) and report
+    /// its test accuracy, bytes and inference time against the f32 model's.
+    #[arg(long)]
+    int8: bool,
     /// Segment checkpointing: split the layers (hidden layers and the output layer) into N
     /// segments, keep only their inputs in the forward pass, recompute each in backward.
     #[arg(long, value_name = "N")]
@@ -177,6 +181,7 @@ fn main() -> anyhow::Result<()> {
         .with_devices(args.devices)
         .with_collective_timeout_secs(args.collective_timeout)
         .with_threads_per_peer(args.threads_per_peer)
+        .with_int8(args.int8)
         .with_node(args.nodes.map(|nodes| {
             let rank = args.node_rank.unwrap_or(0);
             NodeConfig::new(
@@ -243,6 +248,18 @@ fn main() -> anyhow::Result<()> {
         args.epochs
     );
     println!("run directory:            {}", dir.display());
+    if let Some(int8) = &report.int8 {
+        println!(
+            "int8 (quantized):         {:.2}% test accuracy, {} → {} bytes, test set in {:.1} ms \
+             against {:.1} ms in f32 ({:.2}×)",
+            100.0 * int8.test_accuracy,
+            int8.bytes.0,
+            int8.bytes.1,
+            int8.int8_ms,
+            int8.f32_ms,
+            int8.f32_ms / int8.int8_ms
+        );
+    }
     if let Some(parallel) = &report.parallel {
         println!("data parallel:            {parallel}");
     }

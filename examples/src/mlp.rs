@@ -11,6 +11,7 @@ use burn::tensor::{DType, Int, Tensor};
 use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
 use burn_memory::profile::{StepProfiler, scope};
 use burn_memory::{Layers, MixedPrecision, Segments, SharedMixedPrecision, segmented_backward};
+use burn_sketch::nn::Int8Linear;
 use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
 
 use crate::data::DigitBatch;
@@ -220,6 +221,39 @@ impl<B: Backend> Mlp<B> {
     pub fn trainable_params(&self) -> usize {
         self.hidden_trainable_params() + self.output.num_params()
     }
+
+    /// The network for inference with `int8` weights: every layer, hidden and output,
+    /// quantized (burn-sketch's [`Int8Linear`], PyTorch's `quantize_dynamic` of the same
+    /// layers).
+    pub fn to_int8(&self) -> Int8Mlp<B> {
+        let hidden = self.sketched.iter().map(Int8Linear::from_sketched);
+        let dense = self.dense.iter().chain([&self.output]).map(Int8Linear::from_linear);
+        Int8Mlp {
+            layers: hidden.chain(dense).collect(),
+        }
+    }
+}
+
+/// [`Mlp`] with `int8` weights, for inference ([`Mlp::to_int8`]).
+#[derive(Module, Debug)]
+pub struct Int8Mlp<B: Backend> {
+    layers: Vec<Int8Linear<B>>,
+}
+
+impl<B: Backend> Int8Mlp<B> {
+    /// Logits `[n, classes]` for inputs `[n, d_input]`.
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let last = self.layers.len() - 1;
+        self.layers.iter().enumerate().fold(x, |x, (i, layer)| {
+            let y = layer.forward(x);
+            if i == last { y } else { relu(y) }
+        })
+    }
+
+    /// Bytes of its tensors (one per weight).
+    pub fn stored_bytes(&self) -> usize {
+        self.layers.iter().map(Int8Linear::stored_bytes).sum()
+    }
 }
 
 impl<B: SketchBackend> Mlp<B> {
@@ -230,7 +264,7 @@ impl<B: SketchBackend> Mlp<B> {
 }
 
 /// The cross-entropy loss of `logits` against `targets`, with both.
-fn classification<B: Backend>(
+pub(crate) fn classification<B: Backend>(
     logits: Tensor<B, 2>,
     targets: Tensor<B, 1, Int>,
 ) -> ClassificationOutput<B> {

@@ -88,6 +88,10 @@ pub struct TrainingConfig {
     /// the process's pool).
     #[config(default = "None")]
     pub threads_per_peer: Option<usize>,
+    /// After training, quantize the model to `int8` ([`Mlp::to_int8`]) and report its test
+    /// accuracy, size and inference time next to the `f32` model's.
+    #[config(default = false)]
+    pub int8: bool,
 }
 
 /// Why a run could not start.
@@ -151,6 +155,62 @@ pub struct TrainingReport {
     pub profile_dir: Option<PathBuf>,
     /// What the peers did, for a data-parallel run.
     pub parallel: Option<DataParallelReport>,
+    /// The `int8` model against the `f32` one, with `int8`.
+    pub int8: Option<Int8Report>,
+}
+
+/// The trained model quantized to `int8` against itself in `f32`, on the test set.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Int8Report {
+    /// Test accuracy of the `int8` model, in `[0, 1]`.
+    pub test_accuracy: f64,
+    /// Milliseconds for the whole test set's logits (batches of 500), median of 5: `f32`.
+    pub f32_ms: f64,
+    /// The same for the `int8` model.
+    pub int8_ms: f64,
+    /// Bytes of the model's tensors: `f32`, then `int8`.
+    pub bytes: (usize, usize),
+}
+
+/// Quantizes `model` and measures both forms on `data`.
+fn int8_report<B: SketchBackend>(model: &Mlp<B>, data: &DigitDataset, device: &B::Device) -> Int8Report {
+    use burn::data::dataloader::batcher::Batcher;
+    let quantized = model.to_int8();
+    let (_, test_accuracy) = evaluate_logits(data, device, |x| quantized.forward(x));
+    let indices: Vec<usize> = (0..data.len()).collect();
+    let batches: Vec<Tensor<B, 2>> = indices
+        .chunks(500)
+        .map(|chunk| {
+            let items = chunk.iter().filter_map(|&i| data.get(i)).collect();
+            let batch: DigitBatch<B> = DigitBatcher.batch(items, device);
+            batch.images
+        })
+        .collect();
+    let time = |forward: &dyn Fn(Tensor<B, 2>) -> Tensor<B, 2>| {
+        let mut samples: Vec<f64> = (0..6)
+            .map(|_| {
+                let start = Instant::now();
+                for x in &batches {
+                    let _ = B::sync(device);
+                    drop(forward(x.clone()));
+                }
+                let _ = B::sync(device);
+                start.elapsed().as_secs_f64() * 1e3
+            })
+            .skip(1)
+            .collect();
+        samples.sort_by(f64::total_cmp);
+        samples[samples.len() / 2]
+    };
+    let f32_ms = time(&|x| model.forward(x));
+    let int8_ms = time(&|x| quantized.forward(x));
+    let f32_bytes = burn_sketch::nn::stored_bytes::<B, _>(model);
+    Int8Report {
+        test_accuracy,
+        f32_ms,
+        int8_ms,
+        bytes: (f32_bytes, quantized.stored_bytes()),
+    }
 }
 
 /// Trains on the MNIST files in `data_dir`, writing logs and checkpoints to `dir`.
@@ -312,6 +372,9 @@ where
 
     let (train_loss, _) = evaluate(&model, &train_data, device);
     let (_, test_accuracy) = evaluate(&model, &test_data, device);
+    let int8 = config
+        .int8
+        .then(|| int8_report(&model, &test_data, device));
     Ok(TrainingReport {
         test_accuracy,
         train_loss,
@@ -323,6 +386,7 @@ where
         amp: model.amp(),
         profile_dir,
         parallel,
+        int8,
     })
 }
 
@@ -405,6 +469,15 @@ pub fn evaluate<B: SketchBackend>(
     data: &DigitDataset,
     device: &B::Device,
 ) -> (f64, f64) {
+    evaluate_logits(data, device, |x| model.forward(x))
+}
+
+/// Mean cross-entropy and accuracy over `data` of the logits `forward` gives.
+fn evaluate_logits<B: burn::tensor::backend::Backend>(
+    data: &DigitDataset,
+    device: &B::Device,
+    forward: impl Fn(Tensor<B, 2>) -> Tensor<B, 2>,
+) -> (f64, f64) {
     use burn::data::dataloader::batcher::Batcher;
     use burn::data::dataset::Dataset;
 
@@ -413,7 +486,7 @@ pub fn evaluate<B: SketchBackend>(
     for chunk in indices.chunks(500) {
         let items = chunk.iter().filter_map(|&i| data.get(i)).collect();
         let batch: DigitBatch<B> = DigitBatcher.batch(items, device);
-        let output = model.forward_classification(batch);
+        let output = crate::mlp::classification(forward(batch.images), batch.targets);
         loss_sum += output.loss.into_scalar().elem::<f64>() * chunk.len() as f64;
         let predicted = output.output.argmax(1).reshape([chunk.len()]);
         correct += predicted

@@ -128,6 +128,46 @@ def make_int8_ops(d_in, d_out, terms, rank, batch, rand, scale):
             "forward_f32": run(sketched), "dense_forward_f32": run(dense)}
 
 
+def mnist_mlp_ops(hidden, terms, rank, batch, rows):
+    """`train_mnist`'s MLP (784 → hidden → 10, ReLU between), dense and with each hidden layer
+    as its two-GEMM sketched form, in f32 and through `quantize_dynamic`: the logits of `rows`
+    digits in batches of `batch`, as `train_mnist --int8` times them."""
+    from torch import nn
+    from torch.ao.quantization import quantize_dynamic
+
+    warnings.filterwarnings("ignore", module="torch.ao")
+    torch.manual_seed(0)
+    widths = [784, *hidden]
+
+    def mlp(sketched):
+        layers = []
+        for d_in, d_out in zip(widths, widths[1:]):
+            if sketched:
+                layers += [nn.Linear(d_in, 2 * terms * rank, bias=False),
+                           nn.Linear(2 * terms * rank, d_out)]
+            else:
+                layers.append(nn.Linear(d_in, d_out))
+            layers.append(nn.ReLU())
+        layers.append(nn.Linear(widths[-1], 10))
+        return nn.Sequential(*layers).eval()
+
+    batches = [torch.rand(batch, 784) for _ in range(rows // batch)]
+
+    def run(model):
+        def call():
+            with torch.inference_mode():
+                for x in batches:
+                    model(x)
+        return call
+
+    ops = {}
+    for name, sketched in [("dense", False), ("sketched", True)]:
+        model = mlp(sketched)
+        ops[f"{name}_f32"] = run(model)
+        ops[f"{name}_int8"] = run(quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8))
+    return ops
+
+
 def time_together(ops, warmup, runs, sample_ms=2.0):
     names = list(ops)
     for _ in range(warmup):
@@ -160,8 +200,22 @@ def main():
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", help="write the rows here too")
+    parser.add_argument("--mnist-mlp", action="store_true",
+                        help="time train_mnist's MLP on the test set instead (f32 and int8)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+
+    if args.mnist_mlp:
+        medians = time_together(mnist_mlp_ops([512, 256], 1, 32, 500, 10_000),
+                                args.warmup, args.runs)
+        row = {"model": "mnist-mlp 784-512-256-10 (sketched T=1 k=32)", "batch": 500,
+               "rows": 10_000, "torch": torch.__version__, "threads": args.threads,
+               **{f"{k}_ms": v for k, v in medians.items()}}
+        print(json.dumps(row))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(row, f, indent=2)
+        return
 
     rows = []
     for point in args.points or POINTS:

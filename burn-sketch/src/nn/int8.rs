@@ -200,8 +200,12 @@ impl<B: Backend> Int8Linear<B> {
         let rows = dims[..D - 1].iter().product::<usize>();
         let device = input.device();
         let dtype = input.dtype();
-        let x = host_f32(input.reshape([rows, d_in]));
-        let y = self.forward_host(&x, rows);
+        let x = input.reshape([rows, d_in]);
+        let y = match flex_input(&x) {
+            // Flex's own buffer, read in place (a shared input is not copied).
+            Some(values) => self.forward_host(&values, rows),
+            None => self.forward_host(&host_f32(x), rows),
+        };
         let mut out = dims;
         out[D - 1] = d_out;
         let y = Tensor::<B, 2>::from_data(TensorData::new(y, [rows, d_out]), &device);
@@ -278,6 +282,47 @@ fn from_burn<B: Backend>(tensor: Tensor<B, 2>, scales: Vec<f32>) -> QuantizedMat
     .into_vec_i8();
     assert_eq!(params.scales, [1.0], "an int8 tensor of unit scale");
     QuantizedMatrix::from_parts(k, n, values, scales)
+}
+
+/// A contiguous `f32` Flex tensor's buffer, shared rather than copied; `None` on other
+/// backends, element types and layouts.
+#[cfg(feature = "flex")]
+fn flex_input<B: Backend>(x: &Tensor<B, 2>) -> Option<FlexValues> {
+    use burn::backend::Flex;
+    let x = (x as &dyn std::any::Any).downcast_ref::<Tensor<Flex, 2>>()?;
+    let tensor = x.clone().into_primitive().tensor();
+    let layout = tensor.layout();
+    let (contiguous, offset, len) = (
+        layout.is_contiguous(),
+        layout.start_offset(),
+        layout.num_elements(),
+    );
+    (tensor.dtype() == DType::F32 && contiguous).then_some(FlexValues {
+        tensor,
+        offset,
+        len,
+    })
+}
+
+#[cfg(not(feature = "flex"))]
+fn flex_input<B: Backend>(_: &Tensor<B, 2>) -> Option<Vec<f32>> {
+    None
+}
+
+/// A Flex tensor's values, borrowed from its buffer.
+#[cfg(feature = "flex")]
+struct FlexValues {
+    tensor: burn::backend::flex::FlexTensor,
+    offset: usize,
+    len: usize,
+}
+
+#[cfg(feature = "flex")]
+impl std::ops::Deref for FlexValues {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.tensor.storage::<f32>()[self.offset..self.offset + self.len]
+    }
 }
 
 /// The tensor's values as `f32`, row-major.

@@ -156,17 +156,24 @@ fn only_wanted_gradients_are_returned_and_they_match() {
 /// tolerance is relative to the largest output, a few `f16` epsilons (2⁻¹⁰) for these depths.
 #[test]
 fn f16_matches_f32_within_half_precision() {
+    half_precision_matches_f32(DType::F16, 2f32.powi(-10));
+}
+
+/// Flex's path in `dtype` (`f16` on `gemm`, `bf16` on burn-sketch's kernel) against the same
+/// values in `f32`, forward and the gradients, within 8 `epsilon`s of the largest value; and
+/// not equal to the bit (which would mean it ran in `f32`).
+pub fn half_precision_matches_f32(dtype: DType, epsilon: f32) {
     let _serial = common::serial();
     B::seed(&DEVICE, 13);
     let (layer, x, g) = operands(80, 48, 24, 2, 6);
-    let half = |t: Tensor<B, 3>| t.cast(DType::F16);
+    let half = |t: Tensor<B, 3>| t.cast(dtype);
     let weights16 = SketchWeights::from_array(layer.weights().into_array().map(half));
     let bias = layer.bias.as_ref().map(|b| b.val());
-    let (x16, g16) = (x.clone().cast(DType::F16), g.clone().cast(DType::F16));
-    let bias16 = bias.clone().map(|b| b.cast(DType::F16));
+    let (x16, g16) = (x.clone().cast(dtype), g.clone().cast(dtype));
+    let bias16 = bias.clone().map(|b| b.cast(dtype));
 
     let y16 = B::sketched_linear(x16.clone(), weights16.clone(), bias16, STRATEGY);
-    assert_eq!(y16.dtype(), DType::F16, "f16 in, f16 out");
+    assert_eq!(y16.dtype(), dtype, "{dtype:?} in, {dtype:?} out");
     let y32 = B::sketched_linear(x.clone(), layer.weights(), bias, STRATEGY);
     let within =
         |actual: burn::tensor::TensorData, expected: burn::tensor::TensorData, what: &str| {
@@ -181,12 +188,12 @@ fn f16_matches_f32_within_half_precision() {
                 .map(|(a, e)| (a - e).abs())
                 .fold(0f32, f32::max);
             assert!(
-                worst <= 8.0 * 2f32.powi(-10) * scale,
-                "{what}: f16 off by {worst} (scale {scale})"
+                worst <= 8.0 * epsilon * scale,
+                "{what}: {dtype:?} off by {worst} (scale {scale})"
             );
             assert!(
                 worst > 0.0,
-                "{what}: f16 equal to f32 to the bit: was it computed in f16?"
+                "{what}: {dtype:?} equal to f32 to the bit: was it computed in {dtype:?}?"
             );
         };
     within(y16.into_data(), y32.into_data(), "y");
@@ -208,5 +215,10 @@ fn f16_matches_f32_within_half_precision() {
         grads16.s2s.unwrap().into_data(),
         grads32.s2s.unwrap().into_data(),
         "∂S2s",
+    );
+    within(
+        grads16.u1s.unwrap().into_data(),
+        grads32.u1s.unwrap().into_data(),
+        "∂U1s",
     );
 }
