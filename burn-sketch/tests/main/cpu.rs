@@ -4,16 +4,15 @@
 
 use burn::backend::Flex;
 use burn::module::Module;
-use burn::nn::{BatchNorm, BatchNormConfig, Dropout, DropoutConfig, LinearConfig};
+use burn::nn::LinearConfig;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Tensor, TensorData};
 use burn_sketch::cpu::{MatRef, bf16, features, int8};
 use burn_sketch::nn::{
-    AnyLinear, AnyLinearConfig, Converter, Int8Linear, LinearKind, Selection, draw_params,
-    stored_bytes,
+    AnyLinearConfig, Converter, Int8Linear, LinearKind, Selection, draw_params, stored_bytes,
 };
-use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend, SketchError};
+use burn_sketch::{SkLinear, SkLinearConfig, SketchError};
 
 use crate::common;
 
@@ -97,36 +96,50 @@ fn a_quantized_layer_saves_and_loads_bit_exact() {
     assert_eq!(values(loaded.forward(x.clone())), values(q.forward(x)));
 }
 
-/// A model the int8 conversion was not written for: BatchNorm (whose training forward
-/// differs from its inference one), Dropout, and a layer left in f32.
-#[derive(Module, Debug)]
-struct Net<Bk: Backend> {
-    first: AnyLinear<Bk>,
-    norm: BatchNorm<Bk>,
-    dropout: Dropout,
-    second: AnyLinear<Bk>,
-    head: AnyLinear<Bk>,
-}
+mod net {
+    use burn::module::Module;
+    use burn::nn::{BatchNorm, BatchNormConfig, Dropout, DropoutConfig};
+    use burn::tensor::Tensor;
+    use burn::tensor::activation::relu;
+    use burn::tensor::backend::Backend;
+    use burn_sketch::SketchBackend;
+    use burn_sketch::nn::{AnyLinear, AnyLinearConfig, LinearKind};
 
-impl<Bk: SketchBackend> Net<Bk> {
-    fn new(device: &Bk::Device) -> Self {
-        let sketched = LinearKind::Sketched { num_terms: 1, low_rank: 8 };
-        Self {
-            first: AnyLinearConfig::new(40, 64).init(device),
-            norm: BatchNormConfig::new(64).init(device),
-            dropout: DropoutConfig::new(0.3).init(),
-            second: AnyLinearConfig::new(64, 64).with_kind(sketched).init(device),
-            head: AnyLinearConfig::new(64, 10).init(device),
+    /// A model the int8 conversion was not written for: BatchNorm (whose training forward
+    /// differs from its inference one), Dropout, and a layer left in f32.
+    #[derive(Module, Debug)]
+    pub struct Net<B: Backend> {
+        pub first: AnyLinear<B>,
+        pub norm: BatchNorm<B>,
+        pub dropout: Dropout,
+        pub second: AnyLinear<B>,
+        pub head: AnyLinear<B>,
+    }
+
+    impl<B: SketchBackend> Net<B> {
+        pub fn new(device: &B::Device) -> Self {
+            let sketched = LinearKind::Sketched {
+                num_terms: 1,
+                low_rank: 8,
+            };
+            Self {
+                first: AnyLinearConfig::new(40, 64).init(device),
+                norm: BatchNormConfig::new(64).init(device),
+                dropout: DropoutConfig::new(0.3).init(),
+                second: AnyLinearConfig::new(64, 64).with_kind(sketched).init(device),
+                head: AnyLinearConfig::new(64, 10).init(device),
+            }
+        }
+
+        pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+            let x = self.first.forward(x);
+            let x = self.norm.forward(x.unsqueeze_dim::<3>(2)).squeeze_dim::<2>(2);
+            let x = self.dropout.forward(relu(x));
+            self.head.forward(relu(self.second.forward(x)))
         }
     }
-
-    fn forward(&self, x: Tensor<Bk, 2>) -> Tensor<Bk, 2> {
-        let x = self.first.forward(x);
-        let x = self.norm.forward(x.unsqueeze_dim::<3>(2)).squeeze_dim::<2>(2);
-        let x = self.dropout.forward(x.relu());
-        self.head.forward(self.second.forward(x).relu())
-    }
 }
+use net::Net;
 
 #[test]
 fn the_converter_quantizes_picked_layers_and_reports_bytes() {
@@ -134,7 +147,7 @@ fn the_converter_quantizes_picked_layers_and_reports_bytes() {
     let device = Default::default();
     B::seed(&device, 9);
     let net = Net::<B>::new(&device);
-    draw_params(&net);
+    draw_params::<B, _>(&net);
     let x = Tensor::<B, 2>::random([16, 40], Distribution::Default, &device);
     let before = net.forward(x.clone());
     let (head, norm) = (values(net.head.to_dense_weight()), values(net.norm.gamma.val()));

@@ -537,6 +537,7 @@ fn first_weight_grad<B: AutodiffBackend>(layer: &AnyLinear<B>, grads: &B::Gradie
         LinearLayer::Dense(l) => l.weight.grad(grads).unwrap().into_data(),
         LinearLayer::Sketched(l) => l.s1s.grad(grads).unwrap().into_data(),
         LinearLayer::LowRank(l) => l.a.grad(grads).unwrap().into_data(),
+        LinearLayer::Int8(_) => panic!("int8 layers have nothing to train"),
     }
 }
 
