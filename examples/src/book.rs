@@ -19,6 +19,7 @@ pages! {
     PantherCheckpoints => "sketching/panther-checkpoints.md",
     Transformers => "sketching/transformers.md",
     Backends => "sketching/backends.md",
+    CpuPrecision => "sketching/cpu-precision.md",
     MemoryOverview => "memory/overview.md",
     Measure => "memory/measure.md",
     FindThePeak => "memory/find-the-peak.md",

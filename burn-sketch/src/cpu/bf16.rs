@@ -174,49 +174,58 @@ mod avx512 {
 
     use super::{MatRef, Output, SendPtr, bf16, for_each_block};
 
-    /// The packed pair `(lo, hi)` as the 32 bits `vdpbf16ps` reads: `lo` in the low half.
-    #[inline(always)]
-    fn pair(lo: bf16, hi: bf16) -> u32 {
-        lo.to_bits() as u32 | (hi.to_bits() as u32) << 16
-    }
-
     /// Packs the `k × width` view `m` as `ceil(k/2)` rows of `width` pairs
     /// `(m[2p][w], m[2p+1][w])` (zero past `k` or past the view's width, up to `padded`).
+    ///
+    /// Three layouts, fastest first: contiguous rows (two rows interleaved 16 columns at a
+    /// time, masked at the end), a pair adjacent in memory (one 32-bit read per column), any
+    /// strides.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     fn pack_pairs(out: &mut Vec<u32>, m: MatRef<'_, bf16>, padded: usize) {
         let [k, width] = m.shape();
         let pairs = k.div_ceil(2);
         out.clear();
         out.resize(pairs * padded, 0);
+        if k == 0 || width == 0 {
+            return;
+        }
+        let (base, row_stride, col_stride) = m.raw_parts();
+        let base = base.cast::<u16>();
         for p in 0..pairs {
             let row = &mut out[p * padded..p * padded + width];
-            let (r0, r1) = (2 * p, 2 * p + 1);
-            if m.col_stride == 1 && r1 < k {
-                // Two contiguous rows, interleaved 16 columns at a time.
-                let (mut w, base0, base1) = (
-                    0,
-                    (m.offset as isize + r0 as isize * m.row_stride) as usize,
-                    (m.offset as isize + r1 as isize * m.row_stride) as usize,
-                );
-                while w + 16 <= width {
-                    let lo = &m.data[base0 + w..base0 + w + 16];
-                    let hi = &m.data[base1 + w..base1 + w + 16];
-                    // SAFETY: `lo` and `hi` hold 16 elements each; `row[w..w + 16]` too.
-                    unsafe {
-                        let lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(lo.as_ptr().cast()));
-                        let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(hi.as_ptr().cast()));
-                        let packed = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
-                        _mm512_storeu_si512(row[w..].as_mut_ptr().cast(), packed);
+            let has_hi = 2 * p + 1 < k;
+            // SAFETY: `MatRef::strided` checked that every element of the view lies in its
+            // buffer; the reads below stay inside rows 2p and 2p + 1 (when `has_hi`) and
+            // columns `0..width`, and the masked lanes past `width` are not read.
+            unsafe {
+                let lo = base.offset(2 * p as isize * row_stride);
+                let hi = base.wrapping_offset((2 * p as isize + 1) * row_stride);
+                if col_stride == 1 {
+                    for w in (0..width).step_by(16) {
+                        let lanes = (width - w).min(16);
+                        let mask = ((1u32 << lanes) - 1) as __mmask16;
+                        let l = _mm256_maskz_loadu_epi16(mask, lo.add(w).cast());
+                        let h = if has_hi {
+                            _mm256_maskz_loadu_epi16(mask, hi.add(w).cast())
+                        } else {
+                            _mm256_setzero_si256()
+                        };
+                        let packed = _mm512_or_si512(
+                            _mm512_cvtepu16_epi32(l),
+                            _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)),
+                        );
+                        _mm512_mask_storeu_epi32(row.as_mut_ptr().add(w).cast(), mask, packed);
                     }
-                    w += 16;
-                }
-                for (c, slot) in row.iter_mut().enumerate().skip(w) {
-                    *slot = pair(m.data[base0 + c], m.data[base1 + c]);
-                }
-            } else {
-                for (c, slot) in row.iter_mut().enumerate() {
-                    let hi = if r1 < k { m.at(r1, c) } else { bf16::ZERO };
-                    *slot = pair(m.at(r0, c), hi);
+                } else if row_stride == 1 && has_hi {
+                    for (c, slot) in row.iter_mut().enumerate() {
+                        *slot = lo.offset(c as isize * col_stride).cast::<u32>().read_unaligned();
+                    }
+                } else {
+                    for (c, slot) in row.iter_mut().enumerate() {
+                        let offset = c as isize * col_stride;
+                        let h = if has_hi { *hi.offset(offset) } else { 0 };
+                        *slot = *lo.offset(offset) as u32 | (h as u32) << 16;
+                    }
                 }
             }
         }

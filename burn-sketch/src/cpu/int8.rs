@@ -207,6 +207,14 @@ impl QuantizedRows {
 /// One row's scale and zero point, its values written to `out`: the AVX-512 path where the
 /// CPU has it, the same arithmetic in scalar code elsewhere (both round ties to even).
 fn quantize_slice(x: &[f32], out: &mut [u8]) -> (f32, i32) {
+    #[cfg(target_arch = "x86_64")]
+    let (min, max) = if features().avx512 {
+        // SAFETY: AVX-512 was detected.
+        unsafe { avx512::min_max(x) }
+    } else {
+        min_max(x)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
     let (min, max) = min_max(x);
     let scale = if max > min { (max - min) / 255.0 } else { 1.0 };
     let inverse = 1.0 / scale;
@@ -256,8 +264,31 @@ pub fn matmul(
     epilogue: Epilogue<'_>,
     parallel: bool,
 ) {
-    let ([m, k], [k2, n]) = (x.shape(), w.shape());
-    assert_eq!(k, k2, "inner dimensions: {m}×{k} by {k2}×{n}");
+    matmul_sum(dst, stride, &[(x, w)], epilogue, parallel);
+}
+
+/// `dst = alpha·Σₛ xₛ·wₛ + bias` (or `+=` with `accumulate`): several products of the same
+/// output shape, each with its own scales, summed in one pass over `dst` (each output tile
+/// takes every product while it is in cache). A sketched layer's output is two such products.
+///
+/// # Panics
+/// If there is no product or the shapes disagree.
+pub fn matmul_sum(
+    dst: &mut [f32],
+    stride: usize,
+    products: &[(&QuantizedRows, &QuantizedMatrix)],
+    epilogue: Epilogue<'_>,
+    parallel: bool,
+) {
+    let m = products.first().expect("at least one product").0.rows;
+    let n = products[0].1.cols;
+    for (x, w) in products {
+        let ([rows, k], [k2, cols]) = (x.shape(), w.shape());
+        assert!(
+            k == k2 && rows == m && cols == n,
+            "a {rows}×{k} by {k2}×{cols} product in a sum of {m}×{n} ones"
+        );
+    }
     assert!(n <= stride && dst.len() == m * stride, "a {m}×{stride} destination");
     if let Some(bias) = epilogue.bias {
         assert_eq!(bias.len(), n, "{n} bias values");
@@ -265,15 +296,26 @@ pub fn matmul(
     #[cfg(target_arch = "x86_64")]
     if features().avx512_vnni {
         // SAFETY: AVX512-VNNI (with F, BW, VL, DQ) was detected and the shapes checked.
-        unsafe { avx512::matmul(dst, stride, x, w, epilogue, parallel) };
+        unsafe { avx512::matmul(dst, stride, products, epilogue, parallel) };
         return;
     }
     let out = SendPtr(dst.as_mut_ptr());
     for_each_block([m, n], [8, 64], parallel, |i0, rows, j0, cols| {
         for i in i0..i0 + rows {
             for j in j0..j0 + cols {
-                let sum: i32 = (0..k).map(|p| x.value(i, p) as i32 * w.values[p * n + j] as i32).sum();
-                let value = finish(x, w, i, j, sum, epilogue);
+                let value: f32 = products
+                    .iter()
+                    .enumerate()
+                    .map(|(s, (x, w))| {
+                        let k = x.depth;
+                        let sum: i32 =
+                            (0..k).map(|p| x.value(i, p) as i32 * w.values[p * n + j] as i32).sum();
+                        // The bias once, with the last product.
+                        let last = s + 1 == products.len();
+                        let e = Epilogue { bias: epilogue.bias.filter(|_| last), ..epilogue };
+                        finish(x, w, i, j, sum, e)
+                    })
+                    .sum();
                 // SAFETY: each block writes only its own rows and columns of `dst`.
                 unsafe {
                     let slot = out.get().add(i * stride + j);
@@ -309,6 +351,23 @@ mod avx512 {
 
     use super::{Epilogue, QuantizedMatrix, QuantizedRows, SendPtr, for_each_block, panel_width};
 
+    /// [`super::min_max`], 16 lanes at a time: non-finite lanes are masked out of the
+    /// comparisons, so both give the same result.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+    pub(super) fn min_max(x: &[f32]) -> (f32, f32) {
+        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for chunk in x.chunks(16) {
+            let lanes: __mmask16 = if chunk.len() == 16 { 0xFFFF } else { (1 << chunk.len()) - 1 };
+            // SAFETY: the masked lanes are `chunk`'s elements.
+            let v = unsafe { _mm512_maskz_loadu_ps(lanes, chunk.as_ptr()) };
+            // fpclass 0x99: quiet NaN, +∞, −∞, signalling NaN.
+            let finite = lanes & !_mm512_fpclass_ps_mask::<0x99>(v);
+            lo = _mm512_mask_min_ps(lo, finite, lo, v);
+            hi = _mm512_mask_max_ps(hi, finite, hi, v);
+        }
+        (_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi))
+    }
+
     /// `out = clamp(round(x·inverse) + zero, 0, 255)`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     pub(super) fn quantize(x: &[f32], out: &mut [u8], inverse: f32, zero: i32) {
@@ -326,17 +385,16 @@ mod avx512 {
         }
     }
 
-    /// See [`super::matmul`].
+    /// See [`super::matmul_sum`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
     pub(super) fn matmul(
         dst: &mut [f32],
         stride: usize,
-        x: &QuantizedRows,
-        w: &QuantizedMatrix,
+        products: &[(&QuantizedRows, &QuantizedMatrix)],
         epilogue: Epilogue<'_>,
         parallel: bool,
     ) {
-        let ([m, _], n) = (x.shape(), w.cols);
+        let (m, n) = (products[0].0.rows, products[0].1.cols);
         let nr = panel_width(n);
         let mr = 24 / (nr / 16);
         let out = SendPtr(dst.as_mut_ptr());
@@ -344,61 +402,73 @@ mod avx512 {
             // SAFETY: blocks are disjoint rows or panel-aligned columns of `dst`; the
             // features were detected by the caller.
             unsafe {
+                let dst = out.get();
+                let block = [i0, rows, j0, cols];
                 match nr {
-                    16 => block::<16, 1>(out.get(), stride, x, w, epilogue, [i0, rows, j0, cols]),
-                    32 => block::<12, 2>(out.get(), stride, x, w, epilogue, [i0, rows, j0, cols]),
-                    _ => block::<6, 4>(out.get(), stride, x, w, epilogue, [i0, rows, j0, cols]),
+                    16 => block_with::<16, 1>(dst, stride, products, epilogue, block),
+                    32 => block_with::<12, 2>(dst, stride, products, epilogue, block),
+                    _ => block_with::<6, 4>(dst, stride, products, epilogue, block),
                 }
             }
         });
     }
 
+    /// The block in tiles of `MR` rows by `16·NV` columns, each tile taking every product in
+    /// turn (the first stores or accumulates as `epilogue` says, the others accumulate; the
+    /// bias comes with the last).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")]
-    unsafe fn block<const MR: usize, const NV: usize>(
+    unsafe fn block_with<const MR: usize, const NV: usize>(
         dst: *mut f32,
         stride: usize,
-        x: &QuantizedRows,
-        w: &QuantizedMatrix,
+        products: &[(&QuantizedRows, &QuantizedMatrix)],
         epilogue: Epilogue<'_>,
         [i0, rows, j0, cols]: [usize; 4],
     ) {
         let nr = 16 * NV;
-        let quads = x.depth.div_ceil(4);
         let zeros = [0.0f32; 64];
         for j in (j0..j0 + cols).step_by(nr) {
-            let panel = &w.panels[(j / nr) * quads * nr..][..quads * nr];
             let width = nr.min(j0 + cols - j);
-            let bias = epilogue.bias.map_or(&zeros[..], |b| &b[j..]);
             for i in (i0..i0 + rows).step_by(MR) {
                 let height = MR.min(i0 + rows - i);
-                let a: [*const u32; MR] = std::array::from_fn(|r| {
-                    x.values[(i + r.min(height - 1)) * x.padded()..].as_ptr().cast::<u32>()
-                });
-                // SAFETY: each row holds `quads` quads (padded to four values), the panel
-                // `quads × nr`; the tile's rows and columns lie in `dst`.
-                unsafe {
-                    let mut acc = [[_mm512_setzero_si512(); NV]; MR];
-                    for p in 0..quads {
-                        let b: [__m512i; NV] = std::array::from_fn(|v| {
-                            _mm512_loadu_si512(panel.as_ptr().add((p * NV + v) * 16).cast())
-                        });
-                        for r in 0..MR {
-                            let av = _mm512_set1_epi32(a[r].add(p).read_unaligned() as i32);
-                            for v in 0..NV {
-                                acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, b[v]);
+                for (s, &(x, w)) in products.iter().enumerate() {
+                    let last = s + 1 == products.len();
+                    let e = Epilogue {
+                        bias: epilogue.bias.filter(|_| last),
+                        accumulate: epilogue.accumulate || s > 0,
+                        ..epilogue
+                    };
+                    let bias = e.bias.map_or(&zeros[..], |b| &b[j..]);
+                    let quads = x.depth.div_ceil(4);
+                    let panel = &w.panels[(j / nr) * quads * nr..][..quads * nr];
+                    let a: [*const u32; MR] = std::array::from_fn(|r| {
+                        x.values[(i + r.min(height - 1)) * x.padded()..].as_ptr().cast::<u32>()
+                    });
+                    // SAFETY: each row holds `quads` quads (padded to four values), the panel
+                    // `quads × nr`; the tile's rows and columns lie in `dst`.
+                    unsafe {
+                        let mut acc = [[_mm512_setzero_si512(); NV]; MR];
+                        for p in 0..quads {
+                            let b: [__m512i; NV] = std::array::from_fn(|v| {
+                                _mm512_loadu_si512(panel.as_ptr().add((p * NV + v) * 16).cast())
+                            });
+                            for r in 0..MR {
+                                let av = _mm512_set1_epi32(a[r].add(p).read_unaligned() as i32);
+                                for v in 0..NV {
+                                    acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, b[v]);
+                                }
                             }
                         }
+                        store::<MR, NV>(
+                            &acc,
+                            dst.add(i * stride + j),
+                            stride,
+                            x,
+                            w,
+                            e,
+                            bias,
+                            [i, height, j, width],
+                        );
                     }
-                    store::<MR, NV>(
-                        &acc,
-                        dst.add(i * stride + j),
-                        stride,
-                        x,
-                        w,
-                        epilogue,
-                        bias,
-                        [i, height, j, width],
-                    );
                 }
             }
         }
@@ -565,6 +635,43 @@ mod tests {
         let zeros = QuantizedRows::quantize(MatRef::row_major(&[0.0; 8], 2, 4), false);
         assert_eq!(zeros.scales, [1.0, 1.0]);
         assert!(zeros.values.iter().all(|&q| q as i32 == zeros.zeros[0]));
+    }
+
+    #[test]
+    fn the_vector_range_is_the_scalar_one_non_finite_values_left_out() {
+        let mut x = values(1000, 8, 10.0);
+        x[3] = f32::NAN;
+        x[500] = f32::INFINITY;
+        x[999] = f32::NEG_INFINITY;
+        x[17] = -1e6;
+        for len in [0, 1, 5, 16, 17, 999, 1000] {
+            let want = min_max(&x[..len]);
+            #[cfg(target_arch = "x86_64")]
+            if features().avx512 {
+                // SAFETY: AVX-512 was detected.
+                assert_eq!(unsafe { avx512::min_max(&x[..len]) }, want, "{len} values");
+            }
+            assert!(want.0.is_finite() && want.1.is_finite());
+        }
+        assert_eq!(min_max(&x).0, -1e6);
+    }
+
+    #[test]
+    fn a_sum_of_products_is_the_products_accumulated() {
+        let (m, n) = (29, 70);
+        let (k1, k2) = (13, 40);
+        let x1 = QuantizedRows::quantize(MatRef::row_major(&values(m * k1, 1, 2.0), m, k1), true);
+        let x2 = QuantizedRows::quantize(MatRef::row_major(&values(m * k2, 2, 9.0), m, k2), true);
+        let w1 = QuantizedMatrix::quantize(MatRef::row_major(&values(k1 * n, 3, 1.0), k1, n));
+        let w2 = QuantizedMatrix::quantize(MatRef::row_major(&values(k2 * n, 4, 0.1), k2, n));
+        let bias = values(n, 5, 1.0);
+        let e = Epilogue { alpha: 0.5, bias: Some(&bias), accumulate: false };
+        let mut fused = vec![0.0f32; m * n];
+        matmul_sum(&mut fused, n, &[(&x1, &w1), (&x2, &w2)], e, true);
+        let mut apart = vec![0.0f32; m * n];
+        matmul(&mut apart, n, &x1, &w1, Epilogue { bias: None, ..e }, false);
+        matmul(&mut apart, n, &x2, &w2, Epilogue { accumulate: true, ..e }, false);
+        assert_eq!(fused, apart);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! This CPU's measured peak for each kind of product, so that a benchmark can state each
-//! row's fraction of it: independent chains of the kernels' own multiply-add instructions,
-//! one per thread, timed.
+//! row's fraction of it: independent chains of the kernels' own multiply-add instructions on
+//! every thread of a pool, timed.
 //!
 //! | precision | instruction | operations per instruction |
 //! |---|---|---|
@@ -34,8 +34,8 @@ impl Precision {
     }
 }
 
-/// Operations (a multiply and an add count two) per second on `threads` threads, or `None`
-/// where this CPU lacks the instruction.
+/// Operations (a multiply and an add count two) per second on `threads` threads (the best of
+/// three rounds of about 0.1 s), or `None` where this CPU lacks the instruction.
 pub fn measure(precision: Precision, threads: usize) -> Option<f64> {
     let f = features();
     let available = match precision {
@@ -49,19 +49,24 @@ pub fn measure(precision: Precision, threads: usize) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
         const ITERATIONS: u64 = 20_000_000;
-        let threads = threads.max(1);
-        let run = || {
-            // SAFETY: the instruction's features were detected above.
-            unsafe { kernels::chains(precision, ITERATIONS) }
+        // On rayon's own threads (the ones the products use), so that no other thread of
+        // this process competes; the best of three rounds, since a shared machine's
+        // neighbours can only slow a round down.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .build()
+            .ok()?;
+        let round = || {
+            let start = Instant::now();
+            pool.broadcast(|_| {
+                // SAFETY: the instruction's features were detected above.
+                unsafe { kernels::chains(precision, ITERATIONS) }
+            });
+            start.elapsed().as_secs_f64()
         };
-        run(); // warm the clocks
-        let start = Instant::now();
-        std::thread::scope(|scope| {
-            for _ in 0..threads {
-                scope.spawn(run);
-            }
-        });
-        let seconds = start.elapsed().as_secs_f64();
+        round(); // warm the clocks
+        let seconds = (0..3).map(|_| round()).fold(f64::INFINITY, f64::min);
+        let threads = pool.current_num_threads();
         let per_instruction = match precision {
             Precision::F32 => 32.0,
             Precision::Bf16 => 64.0,

@@ -27,7 +27,7 @@ use burn::tensor::{DType, Tensor, TensorData};
 
 use crate::SkLinear;
 use crate::cpu::MatRef;
-use crate::cpu::int8::{Epilogue, QuantizedMatrix, QuantizedRows, matmul};
+use crate::cpu::int8::{Epilogue, QuantizedMatrix, QuantizedRows, matmul, matmul_sum};
 
 /// A dense or sketched linear layer with `int8` weights and per-row `u8` activations,
 /// quantized from a trained [`Linear`] or [`SkLinear`]. Inference only: it has nothing to
@@ -237,10 +237,9 @@ impl<B: Backend> Int8Linear<B> {
                     QuantizedRows::quantize(p.cols(0, half), true),
                     QuantizedRows::quantize(p.cols(half, half), true),
                 );
-                let e = Epilogue { alpha: 1.0, bias: None, accumulate: false };
-                matmul(&mut y, d_out, &p1, &matrices[1], e, true);
-                let e = Epilogue { alpha: 1.0, bias, accumulate: true };
-                matmul(&mut y, d_out, &p2, &matrices[2], e, true);
+                let e = Epilogue { alpha: 1.0, bias, accumulate: false };
+                let halves = [(&p1, &matrices[1]), (&p2, &matrices[2])];
+                matmul_sum(&mut y, d_out, &halves, e, true);
             }
         }
         y

@@ -137,7 +137,8 @@ pub struct BenchArgs {
     /// A small subset of the grid that runs in well under a minute on a CPU.
     #[arg(long)]
     pub quick: bool,
-    /// Only points whose id (e.g. `d4096x4096-t1-k64-b256`) contains this text.
+    /// Only points whose id (e.g. `d4096x4096-t1-k64-b256`) contains this text, or one of
+    /// several texts separated by commas.
     #[arg(long)]
     pub filter: Option<String>,
     /// Untimed runs before timing each measurement.
@@ -254,7 +255,7 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         .filter(|p| {
             args.filter
                 .as_ref()
-                .is_none_or(|f| p.id().contains(f.as_str()))
+                .is_none_or(|f| f.split(',').any(|part| p.id().contains(part)))
         })
         .collect();
     if points.is_empty() {
