@@ -227,7 +227,11 @@ impl<B: Backend> Mlp<B> {
     /// layers).
     pub fn to_int8(&self) -> Int8Mlp<B> {
         let hidden = self.sketched.iter().map(Int8Linear::from_sketched);
-        let dense = self.dense.iter().chain([&self.output]).map(Int8Linear::from_linear);
+        let dense = self
+            .dense
+            .iter()
+            .chain([&self.output])
+            .map(Int8Linear::from_linear);
         Int8Mlp {
             layers: hidden.chain(dense).collect(),
         }

@@ -173,7 +173,11 @@ pub struct Int8Report {
 }
 
 /// Quantizes `model` and measures both forms on `data`.
-fn int8_report<B: SketchBackend>(model: &Mlp<B>, data: &DigitDataset, device: &B::Device) -> Int8Report {
+fn int8_report<B: SketchBackend>(
+    model: &Mlp<B>,
+    data: &DigitDataset,
+    device: &B::Device,
+) -> Int8Report {
     use burn::data::dataloader::batcher::Batcher;
     let quantized = model.to_int8();
     let (_, test_accuracy) = evaluate_logits(data, device, |x| quantized.forward(x));
@@ -372,9 +376,7 @@ where
 
     let (train_loss, _) = evaluate(&model, &train_data, device);
     let (_, test_accuracy) = evaluate(&model, &test_data, device);
-    let int8 = config
-        .int8
-        .then(|| int8_report(&model, &test_data, device));
+    let int8 = config.int8.then(|| int8_report(&model, &test_data, device));
     Ok(TrainingReport {
         test_accuracy,
         train_loss,

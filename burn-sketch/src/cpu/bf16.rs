@@ -218,7 +218,10 @@ mod avx512 {
                     }
                 } else if row_stride == 1 && has_hi {
                     for (c, slot) in row.iter_mut().enumerate() {
-                        *slot = lo.offset(c as isize * col_stride).cast::<u32>().read_unaligned();
+                        *slot = lo
+                            .offset(c as isize * col_stride)
+                            .cast::<u32>()
+                            .read_unaligned();
                     }
                 } else {
                     for (c, slot) in row.iter_mut().enumerate() {
@@ -325,9 +328,10 @@ mod avx512 {
                 let rows = MR.min(m - i);
                 let (a, row_step, pair_step): (*const u32, usize, usize) = if in_place {
                     // In units of u32 (a pair): rows are row_stride/2 pairs apart.
-                    let base = lhs.data.as_ptr().wrapping_add(
-                        (lhs.offset as isize + i as isize * lhs.row_stride) as usize,
-                    );
+                    let base = lhs
+                        .data
+                        .as_ptr()
+                        .wrapping_add((lhs.offset as isize + i as isize * lhs.row_stride) as usize);
                     (base.cast(), lhs.row_stride as usize / 2, 1)
                 } else {
                     (packed_lhs[(i / MR) * pairs * MR..].as_ptr(), 1, MR)
@@ -370,7 +374,8 @@ mod avx512 {
         alpha: f32,
         accumulate: bool,
     ) {
-        let a_rows: [*const u32; MR] = std::array::from_fn(|r| a.wrapping_add(r.min(rows - 1) * row_step));
+        let a_rows: [*const u32; MR] =
+            std::array::from_fn(|r| a.wrapping_add(r.min(rows - 1) * row_step));
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         for p in 0..pairs {
             // SAFETY: the caller's panel holds `pairs × 16·NV` pairs, every row pointer
@@ -396,7 +401,11 @@ mod avx512 {
                 if col >= cols {
                     break;
                 }
-                let mask: __mmask16 = if cols - col >= 16 { 0xFFFF } else { (1 << (cols - col)) - 1 };
+                let mask: __mmask16 = if cols - col >= 16 {
+                    0xFFFF
+                } else {
+                    (1 << (cols - col)) - 1
+                };
                 // SAFETY: the masked lanes are the tile's columns inside `dst`.
                 unsafe {
                     let out = dst.add(r * stride + col);
@@ -417,7 +426,8 @@ mod avx512 {
                 let out = out.cast::<u16>();
                 let value = if accumulate {
                     let old = _mm256_maskz_loadu_epi16(mask, out.cast());
-                    let old = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(old)));
+                    let old =
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(old)));
                     _mm512_add_ps(old, value)
                 } else {
                     value
@@ -443,10 +453,14 @@ mod tests {
 
     /// Deterministic values in [-1, 1): a small LCG, so that failures reproduce.
     pub(crate) fn values(len: usize, seed: u64) -> Vec<bf16> {
-        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut state = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..len)
             .map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 bf16::from_f32(((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
             })
             .collect()

@@ -26,7 +26,9 @@ pub fn features() -> Features {
         let forced = std::env::var("BURN_SKETCH_PORTABLE").is_ok_and(|v| !v.is_empty() && v != "0");
         let detected = detect();
         if forced {
-            tracing::info!("BURN_SKETCH_PORTABLE is set: reduced-precision products take the portable path");
+            tracing::info!(
+                "BURN_SKETCH_PORTABLE is set: reduced-precision products take the portable path"
+            );
             Features {
                 forced_portable: true,
                 amx: detected.amx,

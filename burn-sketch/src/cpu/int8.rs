@@ -43,13 +43,21 @@ impl QuantizedMatrix {
         let scales: Vec<f32> = (0..n)
             .map(|j| {
                 let max = (0..k).fold(0.0f32, |m, p| m.max(weight.at(p, j).abs()));
-                if max > 0.0 && max.is_finite() { max / 127.0 } else { 1.0 }
+                if max > 0.0 && max.is_finite() {
+                    max / 127.0
+                } else {
+                    1.0
+                }
             })
             .collect();
         let values: Vec<i8> = (0..k)
             .flat_map(|p| {
                 let scales = &scales;
-                (0..n).map(move |j| (weight.at(p, j) / scales[j]).round_ties_even().clamp(-127.0, 127.0) as i8)
+                (0..n).map(move |j| {
+                    (weight.at(p, j) / scales[j])
+                        .round_ties_even()
+                        .clamp(-127.0, 127.0) as i8
+                })
             })
             .collect();
         Self::from_parts(k, n, values, scales)
@@ -63,7 +71,10 @@ impl QuantizedMatrix {
     pub fn from_parts(k: usize, n: usize, values: Vec<i8>, scales: Vec<f32>) -> Self {
         assert_eq!(values.len(), k * n, "{k}×{n} quantized values");
         assert_eq!(scales.len(), n, "{n} column scales");
-        assert!(k <= MAX_DEPTH, "a depth of {k} could overflow i32 (at most {MAX_DEPTH})");
+        assert!(
+            k <= MAX_DEPTH,
+            "a depth of {k} could overflow i32 (at most {MAX_DEPTH})"
+        );
         let col_sums = (0..n)
             .map(|j| (0..k).map(|p| values[p * n + j] as i32).sum())
             .collect();
@@ -78,7 +89,11 @@ impl QuantizedMatrix {
                         continue;
                     }
                     let quad = (0..4).fold(0u32, |q, e| {
-                        let v = if 4 * p + e < k { values[(4 * p + e) * n + j] } else { 0 };
+                        let v = if 4 * p + e < k {
+                            values[(4 * p + e) * n + j]
+                        } else {
+                            0
+                        };
                         q | ((v as u8 as u32) << (8 * e))
                     });
                     chunk[p * nr + c] = quad;
@@ -151,17 +166,18 @@ impl QuantizedRows {
         let mut values = vec![0u8; m * padded];
         let mut scales = vec![0.0f32; m];
         let mut zeros = vec![0i32; m];
-        let quantize_row = |(i, ((row, scale), zero)): (usize, ((&mut [u8], &mut f32), &mut i32))| {
-            let source = x.rows(i, 1);
-            let (s, z) = if source.col_stride == 1 || k <= 1 {
-                let start = source.offset;
-                quantize_slice(&source.data[start..start + k], &mut row[..k])
-            } else {
-                let copy: Vec<f32> = (0..k).map(|p| source.at(0, p)).collect();
-                quantize_slice(&copy, &mut row[..k])
+        let quantize_row =
+            |(i, ((row, scale), zero)): (usize, ((&mut [u8], &mut f32), &mut i32))| {
+                let source = x.rows(i, 1);
+                let (s, z) = if source.col_stride == 1 || k <= 1 {
+                    let start = source.offset;
+                    quantize_slice(&source.data[start..start + k], &mut row[..k])
+                } else {
+                    let copy: Vec<f32> = (0..k).map(|p| source.at(0, p)).collect();
+                    quantize_slice(&copy, &mut row[..k])
+                };
+                (*scale, *zero) = (s, z);
             };
-            (*scale, *zero) = (s, z);
-        };
         let chunk = padded.max(1);
         if parallel && m * k >= 1 << 15 {
             values
@@ -289,7 +305,10 @@ pub fn matmul_sum(
             "a {rows}×{k} by {k2}×{cols} product in a sum of {m}×{n} ones"
         );
     }
-    assert!(n <= stride && dst.len() == m * stride, "a {m}×{stride} destination");
+    assert!(
+        n <= stride && dst.len() == m * stride,
+        "a {m}×{stride} destination"
+    );
     if let Some(bias) = epilogue.bias {
         assert_eq!(bias.len(), n, "{n} bias values");
     }
@@ -308,18 +327,26 @@ pub fn matmul_sum(
                     .enumerate()
                     .map(|(s, (x, w))| {
                         let k = x.depth;
-                        let sum: i32 =
-                            (0..k).map(|p| x.value(i, p) as i32 * w.values[p * n + j] as i32).sum();
+                        let sum: i32 = (0..k)
+                            .map(|p| x.value(i, p) as i32 * w.values[p * n + j] as i32)
+                            .sum();
                         // The bias once, with the last product.
                         let last = s + 1 == products.len();
-                        let e = Epilogue { bias: epilogue.bias.filter(|_| last), ..epilogue };
+                        let e = Epilogue {
+                            bias: epilogue.bias.filter(|_| last),
+                            ..epilogue
+                        };
                         finish(x, w, i, j, sum, e)
                     })
                     .sum();
                 // SAFETY: each block writes only its own rows and columns of `dst`.
                 unsafe {
                     let slot = out.get().add(i * stride + j);
-                    *slot = if epilogue.accumulate { *slot + value } else { value };
+                    *slot = if epilogue.accumulate {
+                        *slot + value
+                    } else {
+                        value
+                    };
                 }
             }
         }
@@ -327,7 +354,14 @@ pub fn matmul_sum(
 }
 
 /// One output from its integer sum: the zero point removed, scaled, biased.
-fn finish(x: &QuantizedRows, w: &QuantizedMatrix, i: usize, j: usize, sum: i32, e: Epilogue<'_>) -> f32 {
+fn finish(
+    x: &QuantizedRows,
+    w: &QuantizedMatrix,
+    i: usize,
+    j: usize,
+    sum: i32,
+    e: Epilogue<'_>,
+) -> f32 {
     let corrected = sum - x.zeros[i] * w.col_sums[j];
     let bias = e.bias.map_or(0.0, |b| b[j]);
     e.alpha * (x.scales[i] * w.scales[j]) * corrected as f32 + bias
@@ -340,7 +374,9 @@ pub fn reference(x: &QuantizedRows, w: &QuantizedMatrix) -> Vec<i32> {
     (0..m * n)
         .map(|q| {
             let (i, j) = (q / n, q % n);
-            (0..k).map(|p| x.value(i, p) as i32 * w.values[p * n + j] as i32).sum()
+            (0..k)
+                .map(|p| x.value(i, p) as i32 * w.values[p * n + j] as i32)
+                .sum()
         })
         .collect()
 }
@@ -357,7 +393,11 @@ mod avx512 {
     pub(super) fn min_max(x: &[f32]) -> (f32, f32) {
         let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         for chunk in x.chunks(16) {
-            let lanes: __mmask16 = if chunk.len() == 16 { 0xFFFF } else { (1 << chunk.len()) - 1 };
+            let lanes: __mmask16 = if chunk.len() == 16 {
+                0xFFFF
+            } else {
+                (1 << chunk.len()) - 1
+            };
             // SAFETY: the masked lanes are `chunk`'s elements.
             let v = unsafe { _mm512_maskz_loadu_ps(lanes, chunk.as_ptr()) };
             // fpclass 0x99: quiet NaN, +∞, −∞, signalling NaN.
@@ -374,7 +414,11 @@ mod avx512 {
         let (inv, z) = (_mm512_set1_ps(inverse), _mm512_set1_epi32(zero));
         let (lo, hi) = (_mm512_setzero_si512(), _mm512_set1_epi32(255));
         for (chunk, q) in x.chunks(16).zip(out.chunks_mut(16)) {
-            let mask: __mmask16 = if chunk.len() == 16 { 0xFFFF } else { (1 << chunk.len()) - 1 };
+            let mask: __mmask16 = if chunk.len() == 16 {
+                0xFFFF
+            } else {
+                (1 << chunk.len()) - 1
+            };
             // SAFETY: the masked lanes are `chunk`'s and `q`'s elements.
             unsafe {
                 let v = _mm512_maskz_loadu_ps(mask, chunk.as_ptr());
@@ -441,7 +485,9 @@ mod avx512 {
                     let quads = x.depth.div_ceil(4);
                     let panel = &w.panels[(j / nr) * quads * nr..][..quads * nr];
                     let a: [*const u32; MR] = std::array::from_fn(|r| {
-                        x.values[(i + r.min(height - 1)) * x.padded()..].as_ptr().cast::<u32>()
+                        x.values[(i + r.min(height - 1)) * x.padded()..]
+                            .as_ptr()
+                            .cast::<u32>()
                     });
                     // SAFETY: each row holds `quads` quads (padded to four values), the panel
                     // `quads × nr`; the tile's rows and columns lie in `dst`.
@@ -492,7 +538,11 @@ mod avx512 {
             if col >= width {
                 break;
             }
-            let mask: __mmask16 = if width - col >= 16 { 0xFFFF } else { (1 << (width - col)) - 1 };
+            let mask: __mmask16 = if width - col >= 16 {
+                0xFFFF
+            } else {
+                (1 << (width - col)) - 1
+            };
             // SAFETY: the masked lanes are the tile's columns, inside `w`'s vectors, `bias`
             // (when given: `n − j` values) and `dst`.
             unsafe {
@@ -510,8 +560,7 @@ mod avx512 {
                         _mm512_mullo_epi32(_mm512_set1_epi32(x.zeros[i + r]), sums),
                     );
                     let scale = _mm512_mul_ps(scales, _mm512_set1_ps(x.scales[i + r]));
-                    let mut value =
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(corrected), scale, bias);
+                    let mut value = _mm512_fmadd_ps(_mm512_cvtepi32_ps(corrected), scale, bias);
                     let out = dst.add(r * stride + col);
                     if epilogue.accumulate {
                         value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(mask, out));
@@ -541,7 +590,10 @@ mod tests {
 
     /// The kernel's outputs against [`reference`]'s integer sums with the same epilogue.
     fn case(m: usize, k: usize, n: usize, with_bias: bool) {
-        let (xv, wv) = (values(m * k, (m + 7 * k) as u64, 4.0), values(k * n, (n + k) as u64, 0.2));
+        let (xv, wv) = (
+            values(m * k, (m + 7 * k) as u64, 4.0),
+            values(k * n, (n + k) as u64, 0.2),
+        );
         let bias = values(n, 99, 1.0);
         let x = QuantizedRows::quantize(MatRef::row_major(&xv, m, k), true);
         let w = QuantizedMatrix::quantize(MatRef::row_major(&wv, k, n));
@@ -607,7 +659,11 @@ mod tests {
         );
         let sums = reference(&x, &w);
         let mut y = vec![0.0f32; m * n];
-        let e = Epilogue { alpha: 1.0, bias: None, accumulate: false };
+        let e = Epilogue {
+            alpha: 1.0,
+            bias: None,
+            accumulate: false,
+        };
         matmul(&mut y, n, &x, &w, e, true);
         for (got, want) in y.iter().zip(&sums) {
             assert_eq!(*got, *want as f32);
@@ -665,12 +721,26 @@ mod tests {
         let w1 = QuantizedMatrix::quantize(MatRef::row_major(&values(k1 * n, 3, 1.0), k1, n));
         let w2 = QuantizedMatrix::quantize(MatRef::row_major(&values(k2 * n, 4, 0.1), k2, n));
         let bias = values(n, 5, 1.0);
-        let e = Epilogue { alpha: 0.5, bias: Some(&bias), accumulate: false };
+        let e = Epilogue {
+            alpha: 0.5,
+            bias: Some(&bias),
+            accumulate: false,
+        };
         let mut fused = vec![0.0f32; m * n];
         matmul_sum(&mut fused, n, &[(&x1, &w1), (&x2, &w2)], e, true);
         let mut apart = vec![0.0f32; m * n];
         matmul(&mut apart, n, &x1, &w1, Epilogue { bias: None, ..e }, false);
-        matmul(&mut apart, n, &x2, &w2, Epilogue { accumulate: true, ..e }, false);
+        matmul(
+            &mut apart,
+            n,
+            &x2,
+            &w2,
+            Epilogue {
+                accumulate: true,
+                ..e
+            },
+            false,
+        );
         assert_eq!(fused, apart);
     }
 
@@ -680,11 +750,25 @@ mod tests {
         let xv = values(m * k, 1, 1.0);
         let x = QuantizedRows::quantize(MatRef::row_major(&xv, m, k), false);
         let w = QuantizedMatrix::quantize(MatRef::row_major(&values(k * n, 2, 1.0), k, n));
-        let e = Epilogue { alpha: 1.0, bias: None, accumulate: false };
+        let e = Epilogue {
+            alpha: 1.0,
+            bias: None,
+            accumulate: false,
+        };
         let mut once = vec![0.0f32; m * n];
         matmul(&mut once, n, &x, &w, e, false);
         let mut twice = once.clone();
-        matmul(&mut twice, n, &x, &w, Epilogue { accumulate: true, ..e }, false);
+        matmul(
+            &mut twice,
+            n,
+            &x,
+            &w,
+            Epilogue {
+                accumulate: true,
+                ..e
+            },
+            false,
+        );
         for (a, b) in once.iter().zip(&twice) {
             assert!((2.0 * a - b).abs() <= 1e-5 * a.abs().max(1.0));
         }

@@ -137,8 +137,9 @@ impl<'a, T: Copy> MatRef<'a, T> {
     /// Element `(i, j)`.
     #[inline]
     pub fn at(&self, i: usize, j: usize) -> T {
-        self.data[(self.offset as isize + i as isize * self.row_stride + j as isize * self.col_stride)
-            as usize]
+        self.data[(self.offset as isize
+            + i as isize * self.row_stride
+            + j as isize * self.col_stride) as usize]
     }
 }
 

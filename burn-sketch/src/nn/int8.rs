@@ -20,8 +20,7 @@ use burn::module::{Module, Param, ParamId};
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::quantization::{
-    QuantLevel, QuantMode, QuantParam, QuantScheme, QuantStore, QuantValue,
-    QuantizedBytes,
+    QuantLevel, QuantMode, QuantParam, QuantScheme, QuantStore, QuantValue, QuantizedBytes,
 };
 use burn::tensor::{DType, Tensor, TensorData};
 
@@ -75,7 +74,12 @@ impl<B: Backend> Int8Linear<B> {
         let [d_in, d_out] = weight.dims();
         let values = host_f32(weight);
         let matrix = QuantizedMatrix::quantize(MatRef::row_major(&values, d_in, d_out));
-        Self::new(vec![matrix], linear.bias.as_ref().map(|b| b.val()), 0, &device)
+        Self::new(
+            vec![matrix],
+            linear.bias.as_ref().map(|b| b.val()),
+            0,
+            &device,
+        )
     }
 
     /// Quantizes a trained sketched layer: `A = [S1 | U2]` per column of `A`, `U1` and `S2`
@@ -108,9 +112,15 @@ impl<B: Backend> Int8Linear<B> {
             .collect();
         let scales: Vec<Param<Tensor<B, 1>>> = matrices
             .iter()
-            .map(|m| Param::from_tensor(Tensor::from_data(TensorData::new(m.scales().to_vec(), [m.shape()[1]]), device)))
+            .map(|m| {
+                Param::from_tensor(Tensor::from_data(
+                    TensorData::new(m.scales().to_vec(), [m.shape()[1]]),
+                    device,
+                ))
+            })
             .collect();
-        let bias = bias.map(|b| Param::from_tensor(Tensor::from_data(b.into_data().convert::<f32>(), device)));
+        let bias = bias
+            .map(|b| Param::from_tensor(Tensor::from_data(b.into_data().convert::<f32>(), device)));
         let ids = param_ids(&products, &scales);
         Self {
             products,
@@ -133,7 +143,12 @@ impl<B: Backend> Int8Linear<B> {
 
     /// `T` and `k` of the sketched layer this was, or `None` for a dense one.
     pub fn sketch(&self) -> Option<(usize, usize)> {
-        (self.num_terms > 0).then(|| (self.num_terms, self.products[0].dims()[1] / (2 * self.num_terms)))
+        (self.num_terms > 0).then(|| {
+            (
+                self.num_terms,
+                self.products[0].dims()[1] / (2 * self.num_terms),
+            )
+        })
     }
 
     /// Bytes the layer's tensors hold: one per weight, four per scale and bias value (and
@@ -153,7 +168,11 @@ impl<B: Backend> Int8Linear<B> {
     /// The packed products, rebuilt from the parameters when their ids changed.
     fn matrices(&self) -> Arc<Vec<QuantizedMatrix>> {
         let ids = param_ids(&self.products, &self.scales);
-        let mut cache = self.packed.0.lock().expect("the packing cache is never poisoned");
+        let mut cache = self
+            .packed
+            .0
+            .lock()
+            .expect("the packing cache is never poisoned");
         if let Some((cached, matrices)) = cache.as_ref()
             && *cached == ids
         {
@@ -209,7 +228,11 @@ impl<B: Backend> Int8Linear<B> {
         let mut out = dims;
         out[D - 1] = d_out;
         let y = Tensor::<B, 2>::from_data(TensorData::new(y, [rows, d_out]), &device);
-        let y = if dtype == DType::F32 { y } else { y.cast(dtype) };
+        let y = if dtype == DType::F32 {
+            y
+        } else {
+            y.cast(dtype)
+        };
         y.reshape(out)
     }
 
@@ -223,21 +246,33 @@ impl<B: Backend> Int8Linear<B> {
         let mut y = vec![0.0f32; rows * d_out];
         match self.sketch() {
             None => {
-                let e = Epilogue { alpha: 1.0, bias, accumulate: false };
+                let e = Epilogue {
+                    alpha: 1.0,
+                    bias,
+                    accumulate: false,
+                };
                 matmul(&mut y, d_out, &x, &matrices[0], e, true);
             }
             Some((terms, k)) => {
                 let half = terms * k;
                 let mut p = vec![0.0f32; rows * 2 * half];
                 let alpha = 1.0 / (2.0 * terms as f32);
-                let e = Epilogue { alpha, bias: None, accumulate: false };
+                let e = Epilogue {
+                    alpha,
+                    bias: None,
+                    accumulate: false,
+                };
                 matmul(&mut p, 2 * half, &x, &matrices[0], e, true);
                 let p = MatRef::row_major(&p, rows, 2 * half);
                 let (p1, p2) = (
                     QuantizedRows::quantize(p.cols(0, half), true),
                     QuantizedRows::quantize(p.cols(half, half), true),
                 );
-                let e = Epilogue { alpha: 1.0, bias, accumulate: false };
+                let e = Epilogue {
+                    alpha: 1.0,
+                    bias,
+                    accumulate: false,
+                };
                 let halves = [(&p1, &matrices[1]), (&p2, &matrices[2])];
                 matmul_sum(&mut y, d_out, &halves, e, true);
             }

@@ -26,7 +26,11 @@ fn values<const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
 fn relative_gap<const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32 {
     let (a, b) = (values(a), values(b));
     let scale = b.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / scale
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+        / scale
 }
 
 #[test]
@@ -47,13 +51,19 @@ fn int8_layers_follow_their_f32_layers_on_odd_shapes() {
         assert_eq!((q.d_input(), q.d_output(), q.sketch()), (d_in, d_out, None));
         let gap = relative_gap(q.forward(x.clone()), dense.forward(x.clone()));
         assert!(gap < 0.02, "dense {rows}×{d_in}→{d_out}: {gap}");
-        assert!(gap > 0.0, "dense {rows}×{d_in}→{d_out}: exact, so not quantized?");
+        assert!(
+            gap > 0.0,
+            "dense {rows}×{d_in}→{d_out}: exact, so not quantized?"
+        );
 
         let sketched = SkLinearConfig::new(d_in, d_out, terms, k).init::<B>(&device);
         let q = Int8Linear::from_sketched(&sketched);
         assert_eq!(q.sketch(), Some((terms, k)));
         let gap = relative_gap(q.forward(x.clone()), sketched.forward(x.clone()));
-        assert!(gap < 0.03, "sketched {rows}×{d_in}→{d_out} T={terms} k={k}: {gap}");
+        assert!(
+            gap < 0.03,
+            "sketched {rows}×{d_in}→{d_out} T={terms} k={k}: {gap}"
+        );
         // The dense weight the quantized layer stands for is the sketched one's, nearly.
         let gap = relative_gap(q.to_dense_weight(), sketched.to_dense_weight());
         assert!(gap < 0.03, "sketched weight: {gap}");
@@ -91,7 +101,10 @@ fn a_quantized_layer_saves_and_loads_bit_exact() {
     );
     // Another layer of the same shape, other values, loaded from the record.
     let other = Int8Linear::from_sketched(&SkLinearConfig::new(300, 70, 2, 8).init::<B>(&device));
-    assert_ne!(values(other.forward(x.clone())), values(q.forward(x.clone())));
+    assert_ne!(
+        values(other.forward(x.clone())),
+        values(q.forward(x.clone()))
+    );
     let loaded = other.load_record(recorder.load(bytes, &device).unwrap());
     assert_eq!(values(loaded.forward(x.clone())), values(q.forward(x)));
 }
@@ -126,14 +139,19 @@ mod net {
                 first: AnyLinearConfig::new(40, 64).init(device),
                 norm: BatchNormConfig::new(64).init(device),
                 dropout: DropoutConfig::new(0.3).init(),
-                second: AnyLinearConfig::new(64, 64).with_kind(sketched).init(device),
+                second: AnyLinearConfig::new(64, 64)
+                    .with_kind(sketched)
+                    .init(device),
                 head: AnyLinearConfig::new(64, 10).init(device),
             }
         }
 
         pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
             let x = self.first.forward(x);
-            let x = self.norm.forward(x.unsqueeze_dim::<3>(2)).squeeze_dim::<2>(2);
+            let x = self
+                .norm
+                .forward(x.unsqueeze_dim::<3>(2))
+                .squeeze_dim::<2>(2);
             let x = self.dropout.forward(relu(x));
             self.head.forward(relu(self.second.forward(x)))
         }
@@ -150,19 +168,36 @@ fn the_converter_quantizes_picked_layers_and_reports_bytes() {
     draw_params::<B, _>(&net);
     let x = Tensor::<B, 2>::random([16, 40], Distribution::Default, &device);
     let before = net.forward(x.clone());
-    let (head, norm) = (values(net.head.to_dense_weight()), values(net.norm.gamma.val()));
+    let (head, norm) = (
+        values(net.head.to_dense_weight()),
+        values(net.norm.gamma.val()),
+    );
     let (quantized, report) = Converter::new()
         .rule(Selection::paths(["first", "second"]), LinearKind::Int8)
         .apply(net)
         .unwrap();
     assert_eq!(report.layers.len(), 2);
-    assert_eq!(report.layers[1].from, LinearKind::Sketched { num_terms: 1, low_rank: 8 });
-    assert!(report.layers.iter().all(|l| l.to == LinearKind::Int8 && l.trainable_after == 0));
+    assert_eq!(
+        report.layers[1].from,
+        LinearKind::Sketched {
+            num_terms: 1,
+            low_rank: 8
+        }
+    );
+    assert!(
+        report
+            .layers
+            .iter()
+            .all(|l| l.to == LinearKind::Int8 && l.trainable_after == 0)
+    );
     let (bytes_before, bytes_after) = report.bytes();
     // The dense layer shrinks about 4×; the sketched one less (its fixed signs were f32).
     assert_eq!(report.layers[0].bytes_before, 4 * (40 * 64 + 64));
     assert_eq!(report.layers[0].bytes_after, 40 * 64 + 4 + 4 * 64 + 4 * 64);
-    assert!(bytes_after * 3 < bytes_before, "{bytes_before} → {bytes_after}");
+    assert!(
+        bytes_after * 3 < bytes_before,
+        "{bytes_before} → {bytes_after}"
+    );
     assert!(report.to_string().contains("bytes"));
     // Untouched layers are bit-exact, BatchNorm included.
     assert_eq!(values(quantized.head.to_dense_weight()), head);
@@ -196,14 +231,21 @@ fn one_int8_layer_serves_several_threads() {
     let inputs: Vec<Tensor<B, 2>> = (0..4)
         .map(|i| Tensor::random([5 + i, 96], Distribution::Default, &device))
         .collect();
-    let alone: Vec<Vec<f32>> = inputs.iter().map(|x| values(q.forward(x.clone()))).collect();
+    let alone: Vec<Vec<f32>> = inputs
+        .iter()
+        .map(|x| values(q.forward(x.clone())))
+        .collect();
     // A clone shares the packing; a fresh load would pack again. All give the same values.
     std::thread::scope(|scope| {
         let handles: Vec<_> = inputs
             .iter()
             .map(|x| {
                 let (q, x) = (q.clone(), x.clone());
-                scope.spawn(move || (0..20).map(|_| values(q.forward(x.clone()))).collect::<Vec<_>>())
+                scope.spawn(move || {
+                    (0..20)
+                        .map(|_| values(q.forward(x.clone())))
+                        .collect::<Vec<_>>()
+                })
             })
             .collect();
         for (handle, want) in handles.into_iter().zip(&alone) {
@@ -230,11 +272,18 @@ fn the_portable_paths_match_the_references() {
         // environment.
         unsafe { std::env::set_var("BURN_SKETCH_PORTABLE", "1") };
         let f = features();
-        assert!(f.forced_portable && !f.avx512_bf16 && !f.avx512_vnni, "{f:?}");
+        assert!(
+            f.forced_portable && !f.avx512_bf16 && !f.avx512_vnni,
+            "{f:?}"
+        );
 
         let (m, k, n) = (19, 37, 23);
-        let a: Vec<half::bf16> = (0..m * k).map(|i| half::bf16::from_f32(((i * 7) % 13) as f32 / 6.5 - 1.0)).collect();
-        let b: Vec<half::bf16> = (0..k * n).map(|i| half::bf16::from_f32(((i * 5) % 11) as f32 / 5.5 - 1.0)).collect();
+        let a: Vec<half::bf16> = (0..m * k)
+            .map(|i| half::bf16::from_f32(((i * 7) % 13) as f32 / 6.5 - 1.0))
+            .collect();
+        let b: Vec<half::bf16> = (0..k * n)
+            .map(|i| half::bf16::from_f32(((i * 5) % 11) as f32 / 5.5 - 1.0))
+            .collect();
         let (lhs, rhs) = (MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n));
         let mut y = vec![0.0f32; m * n];
         bf16::matmul(&mut y, n, lhs, rhs, 1.0, false, true);
@@ -243,11 +292,17 @@ fn the_portable_paths_match_the_references() {
         }
 
         let xs: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
-        let ws: Vec<f32> = (0..k * n).map(|i| ((i * 3) % 7) as f32 / 7.0 - 0.5).collect();
+        let ws: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 3) % 7) as f32 / 7.0 - 0.5)
+            .collect();
         let x = int8::QuantizedRows::quantize(MatRef::row_major(&xs, m, k), true);
         let w = int8::QuantizedMatrix::quantize(MatRef::row_major(&ws, k, n));
         let mut y = vec![0.0f32; m * n];
-        let e = int8::Epilogue { alpha: 1.0, bias: None, accumulate: false };
+        let e = int8::Epilogue {
+            alpha: 1.0,
+            bias: None,
+            accumulate: false,
+        };
         int8::matmul(&mut y, n, &x, &w, e, true);
         let exact: Vec<f32> = (0..m * n)
             .map(|q| (0..k).map(|p| xs[q / n * k + p] * ws[p * n + q % n]).sum())
@@ -262,7 +317,10 @@ fn the_portable_paths_match_the_references() {
         let device = Default::default();
         let dense = LinearConfig::new(k, n).init::<B>(&device);
         let x = Tensor::<B, 2>::from_data(TensorData::new(xs, [m, k]), &device);
-        let gap = relative_gap(Int8Linear::from_linear(&dense).forward(x.clone()), dense.forward(x));
+        let gap = relative_gap(
+            Int8Linear::from_linear(&dense).forward(x.clone()),
+            dense.forward(x),
+        );
         assert!(gap < 0.02, "{gap}");
     });
 }

@@ -344,7 +344,9 @@ fn run_int8(
         })
         .collect();
     progress.finish_and_clear();
-    println!("| point | int8 sketch / f32 sketch ms | int8 dense / f32 dense ms | relative error sketch / dense |");
+    println!(
+        "| point | int8 sketch / f32 sketch ms | int8 dense / f32 dense ms | relative error sketch / dense |"
+    );
     println!("|---|---|---|---|");
     for r in &rows {
         println!(
@@ -379,7 +381,11 @@ fn compare_on_cpu(
     let torch = if args.no_torch {
         Err("--no-torch".to_string())
     } else {
-        eprintln!("timing PyTorch's {} forms with {}", args.dtype.name(), args.python);
+        eprintln!(
+            "timing PyTorch's {} forms with {}",
+            args.dtype.name(),
+            args.python
+        );
         peer::torch_rows(&args.python, args.dtype, points, args.runs, dir)
     };
     let comparisons = peer::compare(args.dtype, sides, torch.as_deref().ok(), &peaks);

@@ -15,10 +15,10 @@ use burn_sketch::cpu::{MatRef, features};
 use burn_sketch::nn::Int8Linear;
 use serde::{Deserialize, Serialize};
 
+use super::Dtype;
 use super::grid::Point;
 use super::measure::Row;
 use super::timing::{Timing, op, time_together};
-use super::Dtype;
 
 /// This CPU's peak per precision on all of rayon's threads, in operations per second (a
 /// multiply and an add count two); `None` where the CPU lacks the instruction.
@@ -61,7 +61,11 @@ impl Peaks {
 
     /// A Markdown table of the peaks.
     pub fn markdown(&self) -> String {
-        let cell = |v: Option<f64>| v.map_or("not on this CPU".into(), |v| format!("{:.0} GOP/s", v / 1e9));
+        let cell = |v: Option<f64>| {
+            v.map_or("not on this CPU".into(), |v| {
+                format!("{:.0} GOP/s", v / 1e9)
+            })
+        };
         format!(
             "| peak on {} threads | f32 (AVX-512 FMA) | bf16 (AVX512-BF16) | int8 (AVX512-VNNI) | AMX |\n\
              |---|---|---|---|---|\n| measured | {} | {} | {} | {} |\n",
@@ -69,7 +73,11 @@ impl Peaks {
             cell(self.f32),
             cell(self.bf16),
             cell(self.int8),
-            if self.amx { "present, unused" } else { "not on this CPU" },
+            if self.amx {
+                "present, unused"
+            } else {
+                "not on this CPU"
+            },
         )
     }
 }
@@ -104,7 +112,13 @@ pub fn torch_rows(
     let ids: Vec<String> = points.iter().map(Point::id).collect();
     let output = Command::new(python)
         .arg(&script)
-        .args(["--dtype", dtype.name(), "--runs", &runs.to_string(), "--json"])
+        .args([
+            "--dtype",
+            dtype.name(),
+            "--runs",
+            &runs.to_string(),
+            "--json",
+        ])
         .arg(&json)
         .arg("--threads")
         .arg(rayon::current_num_threads().to_string())
@@ -114,7 +128,11 @@ pub fn torch_rows(
         .map_err(|e| format!("cannot run {python}: {e}"))?;
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
-        let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        let last = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
         return Err(format!("{python} {}: {last}", script.display()));
     }
     let text = std::fs::read_to_string(&json).map_err(|e| format!("{}: {e}", json.display()))?;
@@ -143,10 +161,18 @@ pub struct Int8Row {
 /// Times the `int8` layers of `point` on Flex.
 pub fn measure_int8(point: Point, warmup: usize, runs: usize) -> Int8Row {
     let device = Default::default();
-    let sketch = SkLinearConfig::new(point.d_input, point.d_output, point.num_terms, point.low_rank)
-        .init::<Flex>(&device);
+    let sketch = SkLinearConfig::new(
+        point.d_input,
+        point.d_output,
+        point.num_terms,
+        point.low_rank,
+    )
+    .init::<Flex>(&device);
     let dense = LinearConfig::new(point.d_input, point.d_output).init::<Flex>(&device);
-    let (sketch_q, dense_q) = (Int8Linear::from_sketched(&sketch), Int8Linear::from_linear(&dense));
+    let (sketch_q, dense_q) = (
+        Int8Linear::from_sketched(&sketch),
+        Int8Linear::from_linear(&dense),
+    );
     let x = Tensor::<Flex, 2>::random([point.batch, point.d_input], Distribution::Default, &device);
     let error = |q: Tensor<Flex, 2>, f: Tensor<Flex, 2>| -> f64 {
         let scale: f32 = f.clone().abs().max().into_scalar();
@@ -155,7 +181,12 @@ pub fn measure_int8(point: Point, warmup: usize, runs: usize) -> Int8Row {
     };
     let sketch_error = error(sketch_q.forward(x.clone()), sketch.forward(x.clone()));
     let dense_error = error(dense_q.forward(x.clone()), dense.forward(x.clone()));
-    let [sketch_forward, dense_forward, sketch_forward_f32, dense_forward_f32] = time_together(
+    let [
+        sketch_forward,
+        dense_forward,
+        sketch_forward_f32,
+        dense_forward_f32,
+    ] = time_together(
         warmup,
         runs,
         [
@@ -181,9 +212,14 @@ pub fn measure_int8(point: Point, warmup: usize, runs: usize) -> Int8Row {
 /// would take if Flex multiplied `bf16` with it), timed like the rest.
 pub fn dense_bf16_kernel(point: Point, warmup: usize, runs: usize) -> Timing {
     let fill = |len: usize, seed: usize| -> Vec<bf16> {
-        (0..len).map(|i| bf16::from_f32((((i * 7919 + seed) % 2001) as f32 - 1000.0) / 1000.0)).collect()
+        (0..len)
+            .map(|i| bf16::from_f32((((i * 7919 + seed) % 2001) as f32 - 1000.0) / 1000.0))
+            .collect()
     };
-    let (x, w) = (fill(point.batch * point.d_input, 1), fill(point.d_input * point.d_output, 2));
+    let (x, w) = (
+        fill(point.batch * point.d_input, 1),
+        fill(point.d_input * point.d_output, 2),
+    );
     let (lhs, rhs) = (
         MatRef::row_major(&x, point.batch, point.d_input),
         MatRef::row_major(&w, point.d_input, point.d_output),
@@ -255,14 +291,20 @@ pub fn compare(
     ours.into_iter()
         .map(|(point, side)| {
             let id = point.id();
-            let theirs = torch.and_then(|rows| rows.iter().find(|r| r.point == id)).map(|r| Side {
-                sketch_forward: r.forward_ms,
-                sketch_train: r.train_ms,
-                dense_forward: r.dense_forward_ms,
-                dense_kernel: None,
-            });
-            let fraction = |flops: f64, ms: f64| peaks.of(dtype).map(|peak| flops / (ms * 1e-3) / peak);
-            let dense_ms = side.dense_kernel.unwrap_or(side.dense_forward).min(side.dense_forward);
+            let theirs = torch
+                .and_then(|rows| rows.iter().find(|r| r.point == id))
+                .map(|r| Side {
+                    sketch_forward: r.forward_ms,
+                    sketch_train: r.train_ms,
+                    dense_forward: r.dense_forward_ms,
+                    dense_kernel: None,
+                });
+            let fraction =
+                |flops: f64, ms: f64| peaks.of(dtype).map(|peak| flops / (ms * 1e-3) / peak);
+            let dense_ms = side
+                .dense_kernel
+                .unwrap_or(side.dense_forward)
+                .min(side.dense_forward);
             Comparison {
                 point: id,
                 dtype,
