@@ -80,21 +80,16 @@ trait Element: Copy + Send + Sync + 'static {
     fn storage(tensor: &FlexTensor) -> &[Self];
     /// `values` as a tensor buffer, without a copy.
     fn bytes(values: Vec<Self>) -> Bytes;
-    /// One product: `dst = beta·lhs·rhs`, or `+=` with `accumulate`, into the first columns
-    /// of `dst`'s rows of `stride` elements.
-    fn gemm(
-        dst: &mut [Self],
-        stride: usize,
-        lhs: Matrix<'_, Self>,
-        rhs: Matrix<'_, Self>,
-        beta: Self,
-        accumulate: bool,
-        parallelism: gemm::Parallelism,
-    );
+    /// The engine of one product ([`gemm_call`] or [`bf16_call`]).
+    const GEMM: Product<Self>;
 }
 
+/// One product: `dst = beta·lhs·rhs`, or `+=` with `accumulate`, into the first columns of
+/// `dst`'s rows of `stride` elements.
+type Product<E> = fn(&mut [E], usize, Matrix<'_, E>, Matrix<'_, E>, E, bool, gemm::Parallelism);
+
 macro_rules! element {
-    ($ty:ty, $dtype:ident, $zero:expr, $one:expr, $from:expr) => {
+    ($ty:ty, $dtype:ident, $zero:expr, $one:expr, $from:expr, $gemm:path) => {
         impl Element for $ty {
             const DTYPE: DType = DType::$dtype;
             const ZERO: Self = $zero;
@@ -108,49 +103,28 @@ macro_rules! element {
             fn bytes(values: Vec<Self>) -> Bytes {
                 Bytes::from_elems(values)
             }
-            fn gemm(
-                dst: &mut [Self],
-                stride: usize,
-                lhs: Matrix<'_, Self>,
-                rhs: Matrix<'_, Self>,
-                beta: Self,
-                accumulate: bool,
-                parallelism: gemm::Parallelism,
-            ) {
-                gemm_call(dst, stride, lhs, rhs, beta, accumulate, parallelism)
-            }
+            const GEMM: Product<Self> = $gemm;
         }
     };
 }
-element!(f32, F32, 0.0, 1.0, |v: f64| v as f32);
-element!(f64, F64, 0.0, 1.0, |v: f64| v);
-element!(f16, F16, f16::ZERO, f16::ONE, f16::from_f64);
+element!(f32, F32, 0.0, 1.0, |v: f64| v as f32, gemm_call);
+element!(f64, F64, 0.0, 1.0, |v: f64| v, gemm_call);
+element!(f16, F16, f16::ZERO, f16::ONE, f16::from_f64, gemm_call);
+element!(bf16, BF16, bf16::ZERO, bf16::ONE, bf16::from_f64, bf16_call);
 
-impl Element for bf16 {
-    const DTYPE: DType = DType::BF16;
-    const ZERO: Self = bf16::ZERO;
-    const ONE: Self = bf16::ONE;
-    fn from_f64(value: f64) -> Self {
-        bf16::from_f64(value)
-    }
-    fn storage(tensor: &FlexTensor) -> &[Self] {
-        tensor.storage::<bf16>()
-    }
-    fn bytes(values: Vec<Self>) -> Bytes {
-        Bytes::from_elems(values)
-    }
-    fn gemm(
-        dst: &mut [Self],
-        stride: usize,
-        lhs: Matrix<'_, Self>,
-        rhs: Matrix<'_, Self>,
-        beta: Self,
-        accumulate: bool,
-        parallelism: gemm::Parallelism,
-    ) {
-        let parallel = !matches!(parallelism, gemm::Parallelism::None);
-        crate::cpu::bf16::matmul(dst, stride, lhs, rhs, beta.to_f32(), accumulate, parallel);
-    }
+/// One `bf16` product on [`crate::cpu::bf16`]'s kernel (`f32` accumulation), threaded by the
+/// kernel itself unless `parallelism` says one thread.
+fn bf16_call(
+    dst: &mut [bf16],
+    stride: usize,
+    lhs: Matrix<'_, bf16>,
+    rhs: Matrix<'_, bf16>,
+    beta: bf16,
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
+    let parallel = !matches!(parallelism, gemm::Parallelism::None);
+    crate::cpu::bf16::matmul(dst, stride, lhs, rhs, beta.to_f32(), accumulate, parallel);
 }
 
 /// The primitives of one call: `x`, the four factors, and the bias (forward) or `∂y`
@@ -329,7 +303,7 @@ fn product_into<E: Element>(
         .enumerate()
         .for_each(|(i, block)| {
             let lhs = lhs.rows(i * blocks.rows, block.len() / stride);
-            E::gemm(
+            (E::GEMM)(
                 block,
                 stride,
                 lhs,
