@@ -207,6 +207,15 @@ fn config(timeout_ms: u64) -> DataParallelConfig {
     DataParallelConfig::new().with_timeout(Duration::from_millis(timeout_ms))
 }
 
+/// `model` with leaves of its own (same parameter ids and values): what a peer thread works
+/// on. Peers that shared one model's autodiff leaves would share one graph, and burn-autodiff
+/// 0.21 can deadlock when two threads run forward and backward on one graph (its graph
+/// locator and graph cleaner take their locks in opposite orders), as a data-parallel run never
+/// does: each peer has its replica.
+fn replica<M: Module<B>>(model: &M, device: &burn::tensor::Device<B>) -> M {
+    model.clone().fork(device)
+}
+
 /// Runs `body(rank)` on `peers` threads and returns their results in rank order.
 fn on_peers<T: Send>(peers: usize, body: impl Fn(usize) -> T + Sync) -> Vec<T> {
     std::thread::scope(|scope| {
@@ -246,6 +255,7 @@ fn peers_on_shards_give_the_whole_batch_gradients() {
     for peers in [2, 3] {
         let shard = data.len() / peers;
         let grads = on_peers(peers, |rank| {
+            let model = replica(&model, &device);
             let peer = Peer::<Flex>::join(rank, peers, device, &config(20_000)).unwrap();
             peer.check_replicas(&model).unwrap();
             let batch: Rows<B> =
@@ -332,6 +342,13 @@ fn tied_weights_get_the_whole_batch_gradients() {
     assert_eq!(whole.len(), 4, "one weight and one bias per distinct layer");
     let expected = grads_of(&whole);
     let grads = on_peers(2, |rank| {
+        // The peer's replica keeps the tie: one forked layer, used twice.
+        let shared = replica(&model.first, &device);
+        let model = Tied {
+            first: shared.clone(),
+            second: shared,
+            out: replica(&model.out, &device),
+        };
         let peer = Peer::<Flex>::join(rank, 2, device, &config(20_000)).unwrap();
         peer.check_replicas(&model).unwrap();
         let batch: Rows<B> = RowBatcher.batch(data[rank * 8..(rank + 1) * 8].to_vec(), &device);
@@ -423,7 +440,7 @@ fn batch_norm_peers_average_their_shards_gradients() {
 
     let peers_model = copy();
     let results = on_peers(2, |rank| {
-        let replica = peers_model.clone();
+        let replica = replica(&peers_model, &device);
         let peer = Peer::<Flex>::join(rank, 2, device, &config(20_000)).unwrap();
         peer.check_replicas(&replica).unwrap();
         let grads = GradientsParams::from_grads(replica.loss(shard(rank)).backward(), &replica);
@@ -636,6 +653,7 @@ fn a_peer_that_stops_is_a_timeout_on_the_others() {
             let model = Net::<B>::new(&device);
             let timeout = Duration::from_millis(1500);
             let results = on_peers(2, |rank| {
+                let model = replica(&model, &device);
                 let peer = Peer::<Flex>::join(rank, 2, device, &config(1500)).unwrap();
                 for step in 0..3 {
                     if rank == 1 && step == 2 {

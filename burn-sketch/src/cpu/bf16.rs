@@ -384,12 +384,12 @@ mod avx512 {
                 let b: [__m512bh; NV] = std::array::from_fn(|v| {
                     std::mem::transmute(_mm512_loadu_si512(panel.add((p * NV + v) * 16).cast()))
                 });
-                for r in 0..MR {
+                for (acc, row) in acc.iter_mut().zip(&a_rows) {
                     let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(
-                        a_rows[r].add(p * pair_step).read_unaligned() as i32,
+                        row.add(p * pair_step).read_unaligned() as i32,
                     ));
-                    for v in 0..NV {
-                        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+                    for (acc, &b) in acc.iter_mut().zip(&b) {
+                        *acc = _mm512_dpbf16_ps(*acc, a, b);
                     }
                 }
             }

@@ -497,10 +497,10 @@ mod avx512 {
                             let b: [__m512i; NV] = std::array::from_fn(|v| {
                                 _mm512_loadu_si512(panel.as_ptr().add((p * NV + v) * 16).cast())
                             });
-                            for r in 0..MR {
-                                let av = _mm512_set1_epi32(a[r].add(p).read_unaligned() as i32);
-                                for v in 0..NV {
-                                    acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, b[v]);
+                            for (acc, row) in acc.iter_mut().zip(&a) {
+                                let av = _mm512_set1_epi32(row.add(p).read_unaligned() as i32);
+                                for (acc, &b) in acc.iter_mut().zip(&b) {
+                                    *acc = _mm512_dpbusd_epi32(*acc, av, b);
                                 }
                             }
                         }
