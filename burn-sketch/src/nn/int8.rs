@@ -377,9 +377,12 @@ fn param_ids<B: Backend>(
     products.chain(scales.iter().map(|s| s.id)).collect()
 }
 
-/// The packed products and the parameter ids they were packed from, shared by clones.
+/// The products packed for the kernel, with the parameter ids they were packed from.
+type Packing = (Vec<ParamId>, Arc<Vec<QuantizedMatrix>>);
+
+/// The packing, shared by clones of a layer.
 #[derive(Clone, Default)]
-struct PackedCache(Arc<Mutex<Option<(Vec<ParamId>, Arc<Vec<QuantizedMatrix>>)>>>);
+struct PackedCache(Arc<Mutex<Option<Packing>>>);
 
 impl std::fmt::Debug for PackedCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
