@@ -7,7 +7,7 @@
 //! steps of depth. A row-major left operand of even depth already stores its pairs that way
 //! and is read in place; other layouts, and the right operand, are packed into pairs first.
 //!
-//! [`reference`] is the same product in `f64`, for tests.
+//! [`reference()`] is the same product in `f64`, for tests.
 
 use ::half::bf16;
 

@@ -11,7 +11,7 @@
 //!
 //! The integer sum is exact in `i32` (up to a depth of 2¹⁶); `vpdpbusd` (AVX512-VNNI) adds
 //! four `u8 × i8` products into each of 16 lanes, and the scales, the zero-point correction
-//! and the bias are applied as the tile is stored. [`reference`] is the same arithmetic one
+//! and the bias are applied as the tile is stored. [`reference()`] is the same arithmetic one
 //! product at a time: the kernel must match it exactly.
 
 use super::{MatRef, SendPtr, features, for_each_block};
