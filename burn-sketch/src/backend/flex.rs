@@ -28,7 +28,7 @@ use super::{
     KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients, float,
     tensor_ops,
 };
-use crate::cpu::MatRef;
+use crate::cpu::{MatRef, gemm};
 
 /// A strided matrix over a tensor's buffer.
 type Matrix<'a, E> = MatRef<'a, E>;
@@ -80,7 +80,7 @@ trait Element: Copy + Send + Sync + 'static {
     fn storage(tensor: &FlexTensor) -> &[Self];
     /// `values` as a tensor buffer, without a copy.
     fn bytes(values: Vec<Self>) -> Bytes;
-    /// The engine of one product ([`gemm_call`] or [`bf16_call`]).
+    /// The engine of one product (`gemm`, or [`bf16_call`]).
     const GEMM: Product<Self>;
 }
 
@@ -107,9 +107,9 @@ macro_rules! element {
         }
     };
 }
-element!(f32, F32, 0.0, 1.0, |v: f64| v as f32, gemm_call);
-element!(f64, F64, 0.0, 1.0, |v: f64| v, gemm_call);
-element!(f16, F16, f16::ZERO, f16::ONE, f16::from_f64, gemm_call);
+element!(f32, F32, 0.0, 1.0, |v: f64| v as f32, gemm);
+element!(f64, F64, 0.0, 1.0, |v: f64| v, gemm);
+element!(f16, F16, f16::ZERO, f16::ONE, f16::from_f64, gemm);
 element!(bf16, BF16, bf16::ZERO, bf16::ONE, bf16::from_f64, bf16_call);
 
 /// One `bf16` product on [`crate::cpu::bf16`]'s kernel (`f32` accumulation), threaded by the
@@ -313,49 +313,6 @@ fn product_into<E: Element>(
                 blocks.parallelism,
             );
         });
-}
-
-/// One `gemm` call: `dst = beta·lhs·rhs`, or `+=` with `accumulate`, into the first columns of
-/// `dst`'s rows of `stride` elements.
-fn gemm_call<E: Element>(
-    dst: &mut [E],
-    stride: usize,
-    lhs: Matrix<'_, E>,
-    rhs: Matrix<'_, E>,
-    beta: E,
-    accumulate: bool,
-    parallelism: gemm::Parallelism,
-) {
-    let ([m, k], [k2, n]) = (lhs.shape(), rhs.shape());
-    assert!(k2 == k && n <= stride && dst.len() == m * stride);
-    let (lhs_ptr, lhs_row, lhs_col) = lhs.raw_parts();
-    let (rhs_ptr, rhs_row, rhs_col) = rhs.raw_parts();
-    // SAFETY: `dst` holds m rows of `stride ≥ n` elements and `MatRef::strided` checked that
-    // every element of both views lies inside its buffer; `gemm` dispatches on `E` (f32, f64,
-    // f16).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            stride as isize,
-            accumulate,
-            lhs_ptr,
-            lhs_col,
-            lhs_row,
-            rhs_ptr,
-            rhs_col,
-            rhs_row,
-            E::ONE,
-            beta,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
 }
 
 /// A contiguous Flex tensor of `shape` over `values`.

@@ -121,30 +121,15 @@ fn portable<O: Output>(
     } else {
         gemm::Parallelism::None
     };
-    // SAFETY: `product` is m×n row-major, `a` m×k and `b` k×n, all contiguous.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            product.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            1,
-            n as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
+    super::gemm(
+        &mut product,
+        n,
+        MatRef::row_major(&a, m, k),
+        MatRef::row_major(&b, k, n),
+        1.0,
+        false,
+        parallelism,
+    );
     for (row, values) in dst.chunks_exact_mut(stride).zip(product.chunks_exact(n)) {
         for (out, &value) in row.iter_mut().zip(values) {
             let base = if accumulate { out.to_f32() } else { 0.0 };
@@ -173,6 +158,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{MatRef, Output, SendPtr, bf16, for_each_block};
+    use crate::cpu::tile_shape;
 
     /// Packs the `k × width` view `m` as `ceil(k/2)` rows of `width` pairs
     /// `(m[2p][w], m[2p+1][w])` (zero past `k` or past the view's width, up to `padded`).
@@ -254,42 +240,14 @@ mod avx512 {
             // detected by the caller.
             unsafe {
                 let dst = out.get().add(i0 * stride + j0);
-                block(
-                    dst,
-                    stride,
-                    lhs.rows(i0, rows),
-                    rhs.cols(j0, cols),
-                    alpha,
-                    accumulate,
-                )
+                let (lhs, rhs) = (lhs.rows(i0, rows), rhs.cols(j0, cols));
+                match nr {
+                    16 => block_with::<O, 16, 1>(dst, stride, lhs, rhs, alpha, accumulate),
+                    32 => block_with::<O, 12, 2>(dst, stride, lhs, rhs, alpha, accumulate),
+                    _ => block_with::<O, 6, 4>(dst, stride, lhs, rhs, alpha, accumulate),
+                }
             }
         });
-    }
-
-    /// `(MR, NR)`: 24 accumulators in every shape, the panel no wider than the product.
-    fn tile_shape(n: usize) -> (usize, usize) {
-        match n {
-            0..=16 => (16, 16),
-            17..=32 => (12, 32),
-            _ => (6, 64),
-        }
-    }
-
-    /// One thread's block of the product.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")]
-    unsafe fn block<O: Output>(
-        dst: *mut O,
-        stride: usize,
-        lhs: MatRef<'_, bf16>,
-        rhs: MatRef<'_, bf16>,
-        alpha: f32,
-        accumulate: bool,
-    ) {
-        match tile_shape(rhs.shape()[1]) {
-            (16, 16) => unsafe { block_with::<O, 16, 1>(dst, stride, lhs, rhs, alpha, accumulate) },
-            (12, 32) => unsafe { block_with::<O, 12, 2>(dst, stride, lhs, rhs, alpha, accumulate) },
-            _ => unsafe { block_with::<O, 6, 4>(dst, stride, lhs, rhs, alpha, accumulate) },
-        }
     }
 
     /// The block in tiles of `MR` rows by `16·NV` columns: one panel of the right operand

@@ -14,7 +14,7 @@
 //! and the bias are applied as the tile is stored. [`reference()`] is the same arithmetic one
 //! product at a time: the kernel must match it exactly.
 
-use super::{MatRef, SendPtr, features, for_each_block};
+use super::{MatRef, SendPtr, features, for_each_block, tile_shape};
 
 /// The deepest product whose integer sums cannot overflow `i32`: `255·127·depth < 2³¹`.
 pub const MAX_DEPTH: usize = 65_536;
@@ -78,7 +78,7 @@ impl QuantizedMatrix {
         let col_sums = (0..n)
             .map(|j| (0..k).map(|p| values[p * n + j] as i32).sum())
             .collect();
-        let nr = panel_width(n);
+        let nr = tile_shape(n).1;
         let quads = k.div_ceil(4);
         let mut panels = vec![0u32; n.div_ceil(nr) * quads * nr];
         for (panel, chunk) in panels.chunks_exact_mut(quads * nr).enumerate() {
@@ -135,15 +135,6 @@ impl QuantizedMatrix {
     }
 }
 
-/// The columns per panel: the widest kernel tile that the product fills.
-fn panel_width(n: usize) -> usize {
-    match n {
-        0..=16 => 16,
-        17..=32 => 32,
-        _ => 64,
-    }
-}
-
 /// Activations quantized to `u8` per row (`x ≈ scale[i]·(q[i][p] − zero[i])`), each row
 /// padded with zeros to a multiple of four.
 #[derive(Clone, Debug, PartialEq)]
@@ -193,9 +184,6 @@ impl QuantizedRows {
                 .zip(zeros.iter_mut())
                 .enumerate()
                 .for_each(quantize_row);
-        }
-        if padded == 0 {
-            values.clear();
         }
         Self {
             rows: m,
@@ -385,7 +373,7 @@ pub fn reference(x: &QuantizedRows, w: &QuantizedMatrix) -> Vec<i32> {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Epilogue, QuantizedMatrix, QuantizedRows, SendPtr, for_each_block, panel_width};
+    use super::{Epilogue, QuantizedMatrix, QuantizedRows, SendPtr, for_each_block, tile_shape};
 
     /// [`super::min_max`], 16 lanes at a time: non-finite lanes are masked out of the
     /// comparisons, so both give the same result.
@@ -439,8 +427,7 @@ mod avx512 {
         parallel: bool,
     ) {
         let (m, n) = (products[0].0.rows, products[0].1.cols);
-        let nr = panel_width(n);
-        let mr = 24 / (nr / 16);
+        let (mr, nr) = tile_shape(n);
         let out = SendPtr(dst.as_mut_ptr());
         for_each_block([m, n], [mr, nr], parallel, |i0, rows, j0, cols| {
             // SAFETY: blocks are disjoint rows or panel-aligned columns of `dst`; the

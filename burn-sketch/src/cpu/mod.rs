@@ -143,6 +143,74 @@ impl<'a, T: Copy> MatRef<'a, T> {
     }
 }
 
+/// An element type `gemm` multiplies natively.
+pub(crate) trait GemmElement: Copy + Send + Sync + 'static {
+    const ONE: Self;
+}
+
+impl GemmElement for f32 {
+    const ONE: Self = 1.0;
+}
+impl GemmElement for f64 {
+    const ONE: Self = 1.0;
+}
+impl GemmElement for ::half::f16 {
+    const ONE: Self = ::half::f16::ONE;
+}
+
+/// One `gemm` call on strided views: `dst = beta·lhs·rhs`, or `+=` with `accumulate`, into
+/// the first columns of `dst`'s rows of `stride` elements.
+pub(crate) fn gemm<T: GemmElement>(
+    dst: &mut [T],
+    stride: usize,
+    lhs: MatRef<'_, T>,
+    rhs: MatRef<'_, T>,
+    beta: T,
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
+    let ([m, k], [k2, n]) = (lhs.shape(), rhs.shape());
+    assert!(k2 == k && n <= stride && dst.len() == m * stride);
+    let (lhs_ptr, lhs_row, lhs_col) = lhs.raw_parts();
+    let (rhs_ptr, rhs_row, rhs_col) = rhs.raw_parts();
+    // SAFETY: `dst` holds m rows of `stride ≥ n` elements and `MatRef::strided` checked that
+    // every element of both views lies inside its buffer; `gemm` dispatches on `T` (f32, f64,
+    // f16).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            stride as isize,
+            accumulate,
+            lhs_ptr,
+            lhs_col,
+            lhs_row,
+            rhs_ptr,
+            rhs_col,
+            rhs_row,
+            T::ONE,
+            beta,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// `(MR, NR)`: the output tile of both kernels for a product `n` columns wide, rows by
+/// columns; 16 or 24 accumulators, the panel no wider than the product.
+fn tile_shape(n: usize) -> (usize, usize) {
+    match n {
+        0..=16 => (16, 16),
+        17..=32 => (12, 32),
+        _ => (6, 64),
+    }
+}
+
 /// How a product's output is shared among rayon's threads: the side with more tiles is cut
 /// into one contiguous chunk per thread, each packed and multiplied on its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

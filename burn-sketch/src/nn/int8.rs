@@ -199,9 +199,8 @@ impl<B: Backend> Int8Linear<B> {
         };
         match self.sketch() {
             None => dense(&matrices[0]),
-            Some((terms, k)) => {
+            Some((terms, _)) => {
                 let a = dense(&matrices[0]);
-                let _ = k;
                 let b = Tensor::cat(vec![dense(&matrices[1]), dense(&matrices[2])], 0);
                 a.matmul(b).div_scalar(2.0 * terms as f32)
             }
