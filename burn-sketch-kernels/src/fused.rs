@@ -8,7 +8,7 @@
 //!    when a first launch has already computed `P` with its depth split across cubes (see
 //!    [`crate::gemm`]), by adding that launch's partial sums;
 //! 2. it multiplies that block by `B`, one `TILE`-wide column tile of `y` at a time, scales,
-//!    adds the bias and writes each element of `y` once.
+//!    adds the bias, applies the [`Activation`] and writes each element of `y` once.
 //!
 //! From `x`, the forward is one launch and `P` never goes to global memory. From partial
 //! sums it is two launches, the least a split depth allows on devices without cross-cube
@@ -28,6 +28,7 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use crate::activation::{Activation, activate};
 use crate::gemm::TILE;
 use crate::layout::{Layout, offset};
 use crate::{KernelError, SketchWeights};
@@ -106,6 +107,7 @@ pub fn fused_forward_kernel<F: Float>(
     splits: u32,
     #[comptime] padded_rank: u32,
     #[comptime] has_bias: bool,
+    #[comptime] activation: Activation,
     #[define(F)] _dtype: StorageType,
 ) {
     let tile = comptime!(TILE as usize);
@@ -199,13 +201,14 @@ pub fn fused_forward_kernel<F: Float>(
             if comptime!(has_bias) {
                 value += f32::cast_from(bias[col * bias.stride(0)]);
             }
-            out[row * out.stride(0) + col * out.stride(1)] = F::cast_from(value);
+            out[row * out.stride(0) + col * out.stride(1)] =
+                F::cast_from(activate(value, activation));
         }
     }
 }
 
-/// Launches [`fused_forward_kernel()`] over `x` (`[n, d_in]`), writing `out` (`[n, d_out]`,
-/// allocated by the caller). `column_groups` splits `d_out` across that many cubes per row
+/// Launches [`fused_forward_kernel()`] over `x` (`[n, d_in]`), writing
+/// `activation(α·P·B + bias)` into `out` (`[n, d_out]`, allocated by the caller). `column_groups` splits `d_out` across that many cubes per row
 /// tile. With `partials`, an `f32` workspace `[splits, n, 2Tk]` of the projection `x·A`'s
 /// partial sums (see [`crate::gemm`]), `P` is their sum rather than computed from `x`. Shapes and element types are the caller's to check ([`crate::forward_with`] does);
 /// this checks only what is particular to the kernel, its rank limit.
@@ -213,6 +216,7 @@ pub fn fused_forward<R: CubeRuntime>(
     x: &CubeTensor<R>,
     weights: &SketchWeights<R>,
     bias: Option<&CubeTensor<R>>,
+    activation: Activation,
     partials: Option<&CubeTensor<R>>,
     out: &CubeTensor<R>,
     column_groups: usize,
@@ -265,6 +269,7 @@ pub fn fused_forward<R: CubeRuntime>(
         partials.map_or(1, |partials| partials.meta.shape()[0]) as u32,
         padded_rank as u32,
         bias.is_some(),
+        activation,
         out.dtype.into(),
     );
     Ok(())

@@ -1,4 +1,4 @@
-//! The tiled product kernel: `out = α·L·R [+ bias]` over strided layouts, up to three
+//! The tiled product kernel: `out = f(α·L·R [+ bias])` over strided layouts, up to three
 //! independent products in one launch.
 //!
 //! One kernel serves every product of the sketched layer that is not fused: the projection
@@ -33,6 +33,7 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use crate::activation::{Activation, activate};
 use crate::layout::{Layout, offset};
 
 /// The side of an output tile, and of the cube (`TILE × TILE` units).
@@ -73,6 +74,8 @@ pub struct ProductKind {
     pub partial: bool,
     /// Adds the launch's bias to each output row.
     pub bias: bool,
+    /// Applied to each output element last (after the scale and bias).
+    pub activation: Activation,
 }
 
 impl Default for ProductKind {
@@ -84,6 +87,7 @@ impl Default for ProductKind {
             concat: Concat::None,
             partial: false,
             bias: false,
+            activation: Activation::Identity,
         }
     }
 }
@@ -255,28 +259,29 @@ fn run_product<F: Float, O: Float>(
         if comptime!(kind.partial) {
             out[(slice * rows + row) * cols + col] = O::cast_from(acc);
         } else {
-            let value = scale_and_bias::<F>(acc, args.alpha, bias, col, kind.bias);
+            let value = epilogue::<F>(acc, args.alpha, bias, col, kind.bias, kind.activation);
             let low_rank = args.low_rank as usize;
             out[offset::<O>(out, row, col, low_rank, kind.out)] = O::cast_from(value);
         }
     }
 }
 
-/// `α·acc + bias[col]`: the last step of an output element, whether its sum was made in one
-/// cube ([`gemm_kernel()`]) or gathered from slices ([`reduce_splits_kernel()`]).
+/// `f(α·acc + bias[col])`: the last step of an output element, whether its sum was made in
+/// one cube ([`gemm_kernel()`]) or gathered from slices ([`reduce_splits_kernel()`]).
 #[cube]
-fn scale_and_bias<F: Float>(
+fn epilogue<F: Float>(
     acc: f32,
     alpha: f32,
     bias: &Tensor<F>,
     col: usize,
     #[comptime] has_bias: bool,
+    #[comptime] activation: Activation,
 ) -> f32 {
     let mut value = alpha * acc;
     if comptime!(has_bias) {
         value += f32::cast_from(bias[col * bias.stride(0)]);
     }
-    value
+    activate(value, activation)
 }
 
 /// The kernel body; see the module documentation. Launched by [`launch_group`].
@@ -419,8 +424,8 @@ pub struct SlabArgs {
 }
 
 /// Adds the slices of one or two [`gemm_kernel()`] workspaces (`[splits, rows, cols]`,
-/// `f32`), scales each sum by its `α`, adds the bias (first slab only) and writes the
-/// outputs in `out_layout`: one unit per output element, the first slab's elements first.
+/// `f32`), scales each sum by its `α`, adds the bias and applies `activation` (first slab
+/// only) and writes the outputs in `out_layout`: one unit per output element, the first slab's elements first.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn reduce_splits_kernel<F: Float>(
@@ -432,6 +437,7 @@ pub fn reduce_splits_kernel<F: Float>(
     args1: SlabArgs,
     bias: &ComptimeOption<Tensor<F>>,
     #[comptime] out_layout: Layout,
+    #[comptime] activation: Activation,
     #[define(F)] _dtype: StorageType,
 ) {
     let index = ABSOLUTE_POS;
@@ -449,7 +455,7 @@ pub fn reduce_splits_kernel<F: Float>(
             value += f32::cast_from(bias[col * bias.stride(0)]);
         }
         let at = offset::<F>(out0, index / cols, col, args0.low_rank as usize, out_layout);
-        out0[at] = F::cast_from(value);
+        out0[at] = F::cast_from(activate(value, activation));
     } else {
         #[comptime]
         if let ComptimeOption::Some(partials) = partials1 {
@@ -516,6 +522,8 @@ pub struct GemmProblem {
     pub low_rank: usize,
     /// Scale applied to the sum of products, before the bias.
     pub alpha: f32,
+    /// Applied to each output element last, after the scale and bias.
+    pub activation: Activation,
     /// Layout of the left operand.
     pub lhs_layout: Layout,
     /// Layout of the right operand.
@@ -540,6 +548,7 @@ impl GemmProblem {
             depth,
             low_rank: 1,
             alpha: 1.0,
+            activation: Activation::Identity,
             lhs_layout: Layout::RowMajor,
             rhs_layout: Layout::RowMajor,
             out_layout: Layout::RowMajor,
@@ -565,6 +574,12 @@ impl GemmProblem {
     /// Scales the sum of products by `alpha`.
     pub fn with_alpha(mut self, alpha: f32) -> Self {
         self.alpha = alpha;
+        self
+    }
+
+    /// Applies `activation` to each output element, after the scale and bias.
+    pub fn with_activation(mut self, activation: Activation) -> Self {
+        self.activation = activation;
         self
     }
 
@@ -659,6 +674,7 @@ pub fn launch_group<R: CubeRuntime>(
             concat: product.tail.map_or(Concat::None, |(_, concat, _)| concat),
             partial,
             bias: bias.is_some_and(|(_, flags)| flags[index]),
+            activation: problem.activation,
         };
         let tiles = problem.cols.div_ceil(tile).max(1) * problem.rows.div_ceil(tile).max(1);
         layout[index] = (first_cube, tiles);
@@ -740,7 +756,8 @@ pub fn launch_group<R: CubeRuntime>(
 
 /// Launches [`reduce_splits_kernel()`]: adds the slices of `partials.0` (`[splits, rows,
 /// cols]`, `f32`, from a product described by `first.0`) into `first.1`, scaled and with
-/// `bias`, and those of the optional second workspace into its output the same way.
+/// `bias` and `first.0`'s activation, and those of the optional second workspace into its
+/// output the same way, without either.
 pub fn reduce_splits<R: CubeRuntime>(
     first: (&GemmProblem, &CubeTensor<R>, &CubeTensor<R>),
     second: Option<(&GemmProblem, &CubeTensor<R>, &CubeTensor<R>)>,
@@ -776,6 +793,7 @@ pub fn reduce_splits<R: CubeRuntime>(
         slab(second.map_or(problem, |(problem, _, _)| problem)),
         bias.map(|bias| bias.clone().into_tensor_arg()).into(),
         problem.out_layout,
+        problem.activation,
         out.dtype.into(),
     );
 }

@@ -4,6 +4,7 @@
 //! rank `k`. On CubeCL backends (CUDA, wgpu, and their fusion wrappers) it runs the kernels
 //! of this crate, forward and backward; on other backends it composes tensor operations.
 //!
+//! - [`mod@activation`]: the [`Activation`] the forward applies in its output pass;
 //! - [`layout`]: how the kernels read Panther-layout factors (and their transposes) in place;
 //! - [`gemm`]: the tiled product kernel with strided layouts, optional second product and bias;
 //! - [`fused`]: the one-launch forward, `P = x·A` kept in shared memory;
@@ -17,6 +18,7 @@
 
 // No `missing_docs` lint: `#[cube]` generates undocumented companion items for every kernel.
 
+pub mod activation;
 mod error;
 pub mod fused;
 pub mod gemm;
@@ -24,6 +26,7 @@ pub mod layout;
 pub mod reference;
 pub mod sketch;
 
+pub use activation::Activation;
 pub use error::KernelError;
 pub use sketch::{
     ForwardPath, SketchGradients, SketchWeights, WantedGradients, backward, choose_forward_path,

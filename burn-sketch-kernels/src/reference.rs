@@ -4,6 +4,8 @@
 //! Nothing here shares code with the kernels (no layouts, no tiles), so an indexing mistake
 //! in one is not repeated in the other. It is O(n·d·Tk) with no blocking: for tests only.
 
+use crate::Activation;
+
 /// A sketched layer's sizes and factors, as contiguous row-major `f32` slices.
 #[derive(Debug, Clone, Copy)]
 pub struct HostLayer<'a> {
@@ -89,8 +91,15 @@ impl HostLayer<'_> {
         p
     }
 
-    /// `y = α·Σ_t (x·S1_t·U1_t + x·U2_t·S2_t) + bias` for `x` of shape `[rows, d_in]`.
-    pub fn forward(&self, x: &[f32], rows: usize, bias: Option<&[f32]>) -> Vec<f32> {
+    /// `y = f(α·Σ_t (x·S1_t·U1_t + x·U2_t·S2_t) + bias)` for `x` of shape `[rows, d_in]`, with
+    /// `f` the [`Activation`]'s [reference](Activation::reference).
+    pub fn forward(
+        &self,
+        x: &[f32],
+        rows: usize,
+        bias: Option<&[f32]>,
+        activation: Activation,
+    ) -> Vec<f32> {
         let p1 = self.project(x, rows, self.s1s);
         let p2 = self.project(x, rows, self.u2s);
         let mut y = vec![0.0f32; rows * self.d_out];
@@ -105,7 +114,7 @@ impl HostLayer<'_> {
                     }
                 }
                 let b = bias.map_or(0.0, |bias| bias[o] as f64);
-                y[i * self.d_out + o] = (self.alpha() * sum + b) as f32;
+                y[i * self.d_out + o] = activation.reference(self.alpha() * sum + b) as f32;
             }
         }
         y

@@ -5,7 +5,7 @@
 //!
 //! | launch | computes | kernel |
 //! |---|---|---|
-//! | forward | `y = α·P·B + bias` | fused, `P` on chip (one launch); or `P`'s depth split, then fused from the slices (two); or, for ranks too wide for shared memory, `P` then `y` ([`gemm`](crate::gemm::gemm_concat), two or three) |
+//! | forward | `y = f(α·P·B + bias)` | fused, `P` on chip (one launch); or `P`'s depth split, then fused from the slices (two); or, for ranks too wide for shared memory, `P` then `y` ([`gemm`](crate::gemm::gemm_concat), two or three) |
 //! | backward 1 | `∂P = α·∂y·Bᵀ` and `P = x·A` (recomputed), the halves the wanted gradients read | one grouped [`gemm_kernel()`](crate::gemm::gemm_kernel()) |
 //! | backward 2 | the slices of both, when either product's depth is split | one [`reduce_splits_kernel()`](crate::gemm::reduce_splits_kernel()) |
 //! | backward 3 | `∂x = ∂P·Aᵀ`, `∂S1 = xᵀ·∂P₁`, `∂U2 = xᵀ·∂P₂`, `∂S2 = α·P₂ᵀ·∂y`, `∂U1 = α·P₁ᵀ·∂y`, as wanted | grouped [`gemm_kernel()`](crate::gemm::gemm_kernel()), [`GROUP`] products per launch |
@@ -32,13 +32,13 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
-use crate::KernelError;
 use crate::fused::{MAX_FUSED_RANK, fused_forward};
 use crate::gemm::{
     Concat, GROUP, GemmProblem, Product, TILE, Tail, gemm_concat, launch_group, reduce_splits,
     split_count, workspace,
 };
 use crate::layout::Layout;
+use crate::{Activation, KernelError};
 
 /// The four factors of a sketched layer on a CubeCL device, in Panther's layouts: the
 /// kernels' form of `burn_sketch::SketchWeights`.
@@ -288,7 +288,8 @@ fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -> Cu
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
 }
 
-/// `y = x·(S1·U1 + U2·S2)/(2T) + bias` for `x` of shape `[n, d_in]`; returns `[n, d_out]`.
+/// `y = f(x·(S1·U1 + U2·S2)/(2T) + bias)` for `x` of shape `[n, d_in]`, with `f` the
+/// [`Activation`] applied in the output pass; returns `[n, d_out]`.
 ///
 /// Uses the kernels [`choose_forward_path`] chooses.
 ///
@@ -299,11 +300,12 @@ pub fn forward<R: CubeRuntime>(
     x: CubeTensor<R>,
     weights: &SketchWeights<R>,
     bias: Option<CubeTensor<R>>,
+    activation: Activation,
 ) -> Result<CubeTensor<R>, KernelError> {
     let checked = check_forward(&x, weights, bias.as_ref())?;
     let (dims, rows) = (checked.dims, checked.rows);
     let path = choose_forward_path(&x.client, rows, dims.d_in, 2 * dims.half(), dims.d_out);
-    launch_forward(x, weights, bias, path, checked)
+    launch_forward(x, weights, (bias, activation), path, checked)
 }
 
 /// [`forward`] on a given path, for tests and benchmarks that compare them.
@@ -315,10 +317,11 @@ pub fn forward_with<R: CubeRuntime>(
     x: CubeTensor<R>,
     weights: &SketchWeights<R>,
     bias: Option<CubeTensor<R>>,
+    activation: Activation,
     path: ForwardPath,
 ) -> Result<CubeTensor<R>, KernelError> {
     let checked = check_forward(&x, weights, bias.as_ref())?;
-    launch_forward(x, weights, bias, path, checked)
+    launch_forward(x, weights, (bias, activation), path, checked)
 }
 
 /// What [`check_forward`] found the operands to be.
@@ -350,7 +353,7 @@ fn check_forward<R: CubeRuntime>(
 fn launch_forward<R: CubeRuntime>(
     x: CubeTensor<R>,
     weights: &SketchWeights<R>,
-    bias: Option<CubeTensor<R>>,
+    (bias, activation): (Option<CubeTensor<R>>, Activation),
     path: ForwardPath,
     Checked { dims, rows, dtype }: Checked,
 ) -> Result<CubeTensor<R>, KernelError> {
@@ -366,9 +369,15 @@ fn launch_forward<R: CubeRuntime>(
         Some((&weights.u2s, Concat::Cols, dims.half())),
     );
     match path {
-        ForwardPath::Fused { column_groups } => {
-            fused_forward(&x, weights, bias.as_ref(), None, &out, column_groups)?
-        }
+        ForwardPath::Fused { column_groups } => fused_forward(
+            &x,
+            weights,
+            bias.as_ref(),
+            activation,
+            None,
+            &out,
+            column_groups,
+        )?,
         ForwardPath::Split { column_groups } => {
             // The rank limit is checked before anything is launched.
             if width.div_ceil(TILE as usize) * TILE as usize > MAX_FUSED_RANK {
@@ -391,14 +400,15 @@ fn launch_forward<R: CubeRuntime>(
                 &x,
                 weights,
                 bias.as_ref(),
+                activation,
                 Some(&partials),
                 &out,
                 column_groups,
             )?
         }
         ForwardPath::Tiled => {
-            // P = x·[S1 | U2], `[n, 2Tk]`, then y = α·P·[U1; S2] + bias: two products, each
-            // reading both factors of its side in place.
+            // P = x·[S1 | U2], `[n, 2Tk]`, then y = f(α·P·[U1; S2] + bias): two products,
+            // each reading both factors of its side in place.
             let p = empty(&x, Shape::new([rows, width]), dtype);
             gemm_concat(&projection, &x, input_side, None, &p);
             let problem = GemmProblem::new(rows, dims.d_out, width)
@@ -406,7 +416,8 @@ fn launch_forward<R: CubeRuntime>(
                     (Layout::RowMajor, Layout::OutputFactor, Layout::RowMajor),
                     dims.low_rank,
                 )
-                .with_alpha(dims.alpha());
+                .with_alpha(dims.alpha())
+                .with_activation(activation);
             let output_side = (
                 &weights.u1s,
                 Some((&weights.s2s, Concat::Depth, dims.half())),

@@ -6,8 +6,8 @@ use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_cubecl::tensor::CubeTensor;
 use burn_sketch_kernels::reference::HostLayer;
 use burn_sketch_kernels::{
-    ForwardPath, KernelError, SketchWeights, WantedGradients, backward, choose_forward_path,
-    forward, forward_with,
+    Activation, ForwardPath, KernelError, SketchWeights, WantedGradients, backward,
+    choose_forward_path, forward, forward_with,
 };
 
 #[cfg(feature = "cuda")]
@@ -192,19 +192,31 @@ fn grid() -> Vec<Case> {
         .collect()
 }
 
-fn run_forward(case: &Case, data: &Data, path: ForwardPath, dtype: DType) -> Vec<f32> {
+fn run_forward(
+    case: &Case,
+    data: &Data,
+    path: ForwardPath,
+    dtype: DType,
+    activation: Activation,
+) -> Vec<f32> {
     let x = upload(&data.x, &[case.rows, case.d_in], dtype);
     let bias = case.bias.then(|| upload(&data.bias, &[case.d_out], dtype));
-    download(forward_with(x, &case.factors(data, dtype), bias, path).unwrap())
+    let weights = case.factors(data, dtype);
+    download(forward_with(x, &weights, bias, activation, path).unwrap())
 }
+
+/// Each case's activation: the grid cycles through all three, so every path meets each.
+const ACTIVATIONS: [Activation; 3] = [Activation::Identity, Activation::Relu, Activation::Gelu];
 
 #[test]
 fn forward_matches_reference_on_both_paths() {
     for (seed, case) in grid().iter().enumerate() {
         let data = case.data(seed as u64 * 10);
-        let expected =
-            case.host(&data)
-                .forward(&data.x, case.rows, case.bias.then_some(&data.bias[..]));
+        let activation = ACTIVATIONS[seed % ACTIVATIONS.len()];
+        let bias = case.bias.then_some(&data.bias[..]);
+        let expected = case
+            .host(&data)
+            .forward(&data.x, case.rows, bias, activation);
         let rank_width = 2 * case.terms * case.rank;
         let mut paths = vec![ForwardPath::Tiled];
         if rank_width <= burn_sketch_kernels::fused::MAX_FUSED_RANK {
@@ -214,12 +226,12 @@ fn forward_matches_reference_on_both_paths() {
             paths.push(ForwardPath::Split { column_groups: 3 });
         }
         for path in paths {
-            let actual = run_forward(case, &data, path, DType::F32);
+            let actual = run_forward(case, &data, path, DType::F32, activation);
             assert_close(
                 &actual,
                 &expected,
                 1e-4,
-                &format!("forward {path:?} {}", case.name()),
+                &format!("forward {path:?} {activation:?} {}", case.name()),
             );
         }
     }
@@ -513,7 +525,7 @@ fn transposed_input_is_read_in_place() {
     let data = case.data(7);
     let expected = case
         .host(&data)
-        .forward(&data.x, case.rows, Some(&data.bias));
+        .forward(&data.x, case.rows, Some(&data.bias), Activation::Gelu);
     let transposed: Vec<f32> = (0..case.d_in)
         .flat_map(|m| (0..case.rows).map(move |i| (i, m)))
         .map(|(i, m)| data.x[i * case.d_in + m])
@@ -537,6 +549,7 @@ fn transposed_input_is_read_in_place() {
                 x.clone(),
                 &case.factors(&data, DType::F32),
                 Some(bias.clone()),
+                Activation::Gelu,
                 path,
             )
             .unwrap(),
@@ -567,14 +580,14 @@ fn half_precision_accumulates_in_f32(dtype: DType, tolerance: f32) {
     };
     let data = case.data(5);
     let host = case.host(&data);
-    let expected = host.forward(&data.x, case.rows, Some(&data.bias));
+    let expected = host.forward(&data.x, case.rows, Some(&data.bias), Activation::Relu);
     let expected_grads = host.backward(&data.x, case.rows, &data.grad);
     for path in [
         ForwardPath::Tiled,
         ForwardPath::Fused { column_groups: 1 },
         ForwardPath::Split { column_groups: 1 },
     ] {
-        let actual = run_forward(&case, &data, path, dtype);
+        let actual = run_forward(&case, &data, path, dtype, Activation::Relu);
         let what = format!("{dtype:?} forward {path:?}");
         assert_close(&actual, &expected, tolerance, &what);
     }
@@ -625,7 +638,7 @@ fn launchers_refuse_mismatched_operands() {
     let bias = upload(&data.bias, &[case.d_out], DType::F32);
 
     let narrow = upload(&data.x[..case.rows * 8], &[case.rows, 8], DType::F32);
-    match forward(narrow, &weights, None) {
+    match forward(narrow, &weights, None, Activation::Identity) {
         Err(KernelError::Shape {
             operand: "x",
             found,
@@ -635,7 +648,7 @@ fn launchers_refuse_mismatched_operands() {
     }
     let mut swapped = weights.clone();
     swapped.u1s = weights.u2s.clone();
-    match forward(x.clone(), &swapped, None) {
+    match forward(x.clone(), &swapped, None, Activation::Identity) {
         Err(KernelError::Shape {
             operand: "u1s",
             found,
@@ -645,14 +658,14 @@ fn launchers_refuse_mismatched_operands() {
     }
     let short_bias = upload(&data.bias[..5], &[5], DType::F32);
     assert!(matches!(
-        forward(x.clone(), &weights, Some(short_bias)),
+        forward(x.clone(), &weights, Some(short_bias), Activation::Identity),
         Err(KernelError::Shape {
             operand: "bias",
             ..
         })
     ));
     let half_bias = upload(&data.bias, &[case.d_out], DType::F16);
-    match forward(x.clone(), &weights, Some(half_bias)) {
+    match forward(x.clone(), &weights, Some(half_bias), Activation::Identity) {
         Err(KernelError::DType {
             operand,
             found,
@@ -680,6 +693,7 @@ fn launchers_refuse_mismatched_operands() {
         x,
         &wide.factors(&wide_data, DType::F32),
         Some(bias),
+        Activation::Identity,
         ForwardPath::Fused { column_groups: 1 },
     ) {
         Err(KernelError::FusedRankTooWide {

@@ -35,6 +35,7 @@
 
 #![warn(missing_docs)]
 
+mod activation;
 pub mod backend;
 pub mod cpu;
 mod error;
@@ -42,7 +43,7 @@ mod linear;
 pub mod nn;
 pub mod panther;
 
-pub use backend::{KernelStrategy, SketchBackend, SketchWeights};
+pub use backend::{Activation, KernelStrategy, SketchBackend, SketchWeights};
 pub use error::SketchError;
 pub use linear::{ParamCounts, SkLinear, SkLinearConfig};
 

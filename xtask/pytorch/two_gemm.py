@@ -17,6 +17,10 @@ In int8, `torch.ao.quantization.quantize_dynamic` (int8 weights per output chann
 quantized at run time) of the same architectures: `forward` is the two-GEMM layer as two
 `nn.Linear`s, `dense_forward` the dense `nn.Linear`.
 
+With `--activation relu|gelu`, every form is followed by `torch.relu` or the exact
+`torch.nn.functional.gelu` (seed 001's linear + activation; oneDNN fuses neither into MKL's
+GEMM here, which is what `cargo xtask bench --activation` compares our fused epilogue with).
+
 Timing: every sample runs the call enough times to last about 2 ms, the variants alternate in
 rounds after an untimed call each, and the median is reported.
 
@@ -55,12 +59,17 @@ def parse_point(text):
     return tuple(int(v) for v in match.groups())
 
 
-def make_ops(d_in, d_out, terms, rank, batch, dtype):
+ACTIVATIONS = {"identity": lambda y: y, "relu": torch.relu,
+               "gelu": torch.nn.functional.gelu}
+
+
+def make_ops(d_in, d_out, terms, rank, batch, dtype, activation="identity"):
+    act = ACTIVATIONS[activation]
     g = torch.Generator().manual_seed(0)
     rand = lambda *shape: torch.randn(*shape, generator=g)
     scale = 1.0 / (2 * terms)
     if dtype == "int8":
-        return make_int8_ops(d_in, d_out, terms, rank, batch, rand, scale)
+        return make_int8_ops(d_in, d_out, terms, rank, batch, rand, scale, act)
     t = DTYPES[dtype]
     x = rand(batch, d_in).to(t)
     s1 = rand(terms, d_in, rank).to(t).requires_grad_()
@@ -82,29 +91,29 @@ def make_ops(d_in, d_out, terms, rank, batch, dtype):
 
     def forward():
         with torch.no_grad():
-            return torch.addmm(bias, x @ a_fixed, b_fixed)
+            return act(torch.addmm(bias, x @ a_fixed, b_fixed))
 
     def forward_packing():
         with torch.no_grad():
             a, b = pack()
-            return torch.addmm(bias, x @ a, b, alpha=scale)
+            return act(torch.addmm(bias, x @ a, b, alpha=scale))
 
     def train():
         xg = x.clone().requires_grad_()
         a, b = pack()
-        y = torch.addmm(bias, xg @ a, b, alpha=scale)
+        y = act(torch.addmm(bias, xg @ a, b, alpha=scale))
         y.sum().backward()
         return xg.grad
 
     def dense_forward():
         with torch.no_grad():
-            return torch.nn.functional.linear(x, weight, bias)
+            return act(torch.nn.functional.linear(x, weight, bias))
 
     return {"forward": forward, "forward_packing": forward_packing, "train": train,
             "dense_forward": dense_forward}
 
 
-def make_int8_ops(d_in, d_out, terms, rank, batch, rand, scale):
+def make_int8_ops(d_in, d_out, terms, rank, batch, rand, scale, act):
     from torch import nn
     from torch.ao.quantization import quantize_dynamic
 
@@ -121,7 +130,7 @@ def make_int8_ops(d_in, d_out, terms, rank, batch, rand, scale):
     def run(model):
         def call():
             with torch.inference_mode():
-                return model(x)
+                return act(model(x))
         return call
 
     return {"forward": run(sketched_q), "dense_forward": run(dense_q),
@@ -196,6 +205,8 @@ def main():
     parser.add_argument("--dtype", choices=["f32", "bf16", "f16", "int8"], default="f32")
     parser.add_argument("--points", type=parse_point, nargs="*",
                         help="point ids (d4096x4096-t1-k64-b256); default: the three CPU points")
+    parser.add_argument("--activation", choices=list(ACTIVATIONS), default="identity",
+                        help="an activation after every form")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -219,8 +230,10 @@ def main():
 
     rows = []
     for point in args.points or POINTS:
-        medians = time_together(make_ops(*point, args.dtype), args.warmup, args.runs)
+        medians = time_together(make_ops(*point, args.dtype, args.activation), args.warmup,
+                                args.runs)
         row = {"point": point_id(*point), "torch": torch.__version__, "dtype": args.dtype,
+               "activation": args.activation,
                "threads": args.threads, **{f"{k}_ms": v for k, v in medians.items()}}
         rows.append(row)
         print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"

@@ -13,16 +13,16 @@ use burn_sketch_kernels as kernels;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients, float,
-    tensor_ops,
+    Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
+    float, tensor_ops,
 };
 
 type Cube<R, F, I, BT> = CubeBackend<R, F, I, BT>;
 
 /// What a tuning decision is remembered by, per device: the element type and the layer's
 /// sizes, with the row count anchored to powers of two (batch sizes vary; layers do not).
-/// `wanted` is the backward's gradient set (`[false; 5]` for the forward), `bias` the
-/// forward's.
+/// `wanted` is the backward's gradient set (`[false; 5]` for the forward), `bias` and
+/// `activation` the forward's.
 #[derive(Hash, Eq, PartialEq, Debug, Clone, Serialize, Deserialize, AutotuneKey)]
 struct SketchAutotuneKey {
     dtype: DType,
@@ -33,6 +33,7 @@ struct SketchAutotuneKey {
     num_terms: usize,
     low_rank: usize,
     bias: bool,
+    activation: Activation,
     wanted: [bool; 5],
 }
 
@@ -47,6 +48,7 @@ impl SketchAutotuneKey {
             num_terms,
             low_rank,
             false,
+            Activation::Identity,
             [false; 5],
         )
     }
@@ -56,6 +58,7 @@ type ForwardInputs<R> = (
     CubeTensor<R>,
     kernels::SketchWeights<R>,
     Option<CubeTensor<R>>,
+    Activation,
 );
 type BackwardInputs<R> = (
     CubeTensor<R>,
@@ -73,24 +76,26 @@ where
 {
     static TUNER: LocalTuner<SketchAutotuneKey, CubeTuneId> = local_tuner!("forward");
     let tunables = TUNER.init(|| {
-        let key = |(x, weights, bias): &ForwardInputs<R>| SketchAutotuneKey {
+        let key = |(x, weights, bias, activation): &ForwardInputs<R>| SketchAutotuneKey {
             bias: bias.is_some(),
+            activation: *activation,
             ..SketchAutotuneKey::of(x, weights)
         };
         TunableSet::<_, ForwardInputs<R>, _>::new_cloning_inputs(key)
             .with(Tunable::new(
                 "sketch_kernels",
-                |(x, weights, bias): ForwardInputs<R>| {
-                    kernels::forward(x, &weights, bias).map_err(|err| err.to_string())
+                |(x, weights, bias, activation): ForwardInputs<R>| {
+                    kernels::forward(x, &weights, bias, activation.kernel())
+                        .map_err(|err| err.to_string())
                 },
             ))
             .with(Tunable::new(
                 "tensor_ops",
-                |(x, weights, bias): ForwardInputs<R>| {
+                |(x, weights, bias, activation): ForwardInputs<R>| {
                     let weights =
                         SketchWeights::<Cube<R, F, I, BT>>::from_primitives(cube_array(weights));
                     let output = tensor_ops::sketched_linear(float(x), weights, bias.map(float));
-                    Ok::<_, String>(output.into_primitive().tensor())
+                    Ok::<_, String>(activation.apply(output).into_primitive().tensor())
                 },
             ))
     });
@@ -203,20 +208,22 @@ where
         x: Tensor<Self, 2>,
         weights: SketchWeights<Self>,
         bias: Option<Tensor<Self, 1>>,
+        activation: Activation,
         strategy: KernelStrategy,
     ) -> Tensor<Self, 2> {
         if strategy == KernelStrategy::TensorOps {
-            return tensor_ops::sketched_linear(x, weights, bias);
+            return activation.apply(tensor_ops::sketched_linear(x, weights, bias));
         }
         let inputs = (
             x.into_primitive().tensor(),
             kernel_weights(weights),
             bias.map(|bias| bias.into_primitive().tensor()),
+            activation,
         );
         float(match strategy {
             KernelStrategy::Kernels => {
-                let (x, weights, bias) = inputs;
-                expect_fits(kernels::forward(x, &weights, bias))
+                let (x, weights, bias, activation) = inputs;
+                expect_fits(kernels::forward(x, &weights, bias, activation.kernel()))
             }
             _ => autotuned_forward::<R, F, I, BT>(inputs),
         })

@@ -10,6 +10,8 @@
 //! - `1/(2T)` is the `beta` of the product that writes the thin `P` (or `∂P`), not a pass of
 //!   its own;
 //! - the bias is one more rank of the output product, not a second pass over `y`;
+//! - an [`Activation`] is applied to each tile of `y` right after its product writes it,
+//!   while the tile is in cache ([`activated_product`]);
 //! - transposed operands (`Bᵀ`, `Aᵀ`, `xᵀ`, `Pᵀ`) are strides handed to `gemm`, never copies,
 //!   and every gradient is written straight into its factor's layout;
 //! - how a product uses the threads depends on its shape ([`Blocks`]).
@@ -25,8 +27,8 @@ use burn::tensor::{Bytes, DType, Shape, Tensor, bf16, f16};
 use rayon::prelude::*;
 
 use super::{
-    KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients, float,
-    tensor_ops,
+    Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
+    float, tensor_ops,
 };
 use crate::cpu::{MatRef, gemm};
 
@@ -38,16 +40,17 @@ impl SketchBackend for Flex {
         x: Tensor<Self, 2>,
         weights: SketchWeights<Self>,
         bias: Option<Tensor<Self, 1>>,
+        activation: Activation,
         _strategy: KernelStrategy,
     ) -> Tensor<Self, 2> {
         let bias_primitive = bias.clone().map(|bias| bias.into_primitive().tensor());
         let operands = Operands::new(&x, &weights, bias_primitive);
         match operands.dtype() {
-            Some(DType::F32) => forward::<f32>(&operands),
-            Some(DType::F64) => forward::<f64>(&operands),
-            Some(DType::F16) => forward::<f16>(&operands),
-            Some(DType::BF16) => forward::<bf16>(&operands),
-            _ => tensor_ops::sketched_linear(x, weights, bias),
+            Some(DType::F32) => forward::<f32>(&operands, activation),
+            Some(DType::F64) => forward::<f64>(&operands, activation),
+            Some(DType::F16) => forward::<f16>(&operands, activation),
+            Some(DType::BF16) => forward::<bf16>(&operands, activation),
+            _ => activation.apply(tensor_ops::sketched_linear(x, weights, bias)),
         }
     }
 
@@ -82,6 +85,8 @@ trait Element: Copy + Send + Sync + 'static {
     fn bytes(values: Vec<Self>) -> Bytes;
     /// The engine of one product (`gemm`, or [`bf16_call`]).
     const GEMM: Product<Self>;
+    /// `activation` of every value, in place (half types through `f32`).
+    fn activate(values: &mut [Self], activation: Activation);
 }
 
 /// One product: `dst = beta·lhs·rhs`, or `+=` with `accumulate`, into the first columns of
@@ -89,7 +94,7 @@ trait Element: Copy + Send + Sync + 'static {
 type Product<E> = fn(&mut [E], usize, Matrix<'_, E>, Matrix<'_, E>, E, bool, gemm::Parallelism);
 
 macro_rules! element {
-    ($ty:ty, $dtype:ident, $zero:expr, $one:expr, $from:expr, $gemm:path) => {
+    ($ty:ty, $dtype:ident, $zero:expr, $one:expr, $from:expr, $gemm:path, $activate:expr) => {
         impl Element for $ty {
             const DTYPE: DType = DType::$dtype;
             const ZERO: Self = $zero;
@@ -104,13 +109,52 @@ macro_rules! element {
                 Bytes::from_elems(values)
             }
             const GEMM: Product<Self> = $gemm;
+            fn activate(values: &mut [Self], activation: Activation) {
+                $activate(values, activation)
+            }
         }
     };
 }
-element!(f32, F32, 0.0, 1.0, |v: f64| v as f32, gemm);
-element!(f64, F64, 0.0, 1.0, |v: f64| v, gemm);
-element!(f16, F16, f16::ZERO, f16::ONE, f16::from_f64, gemm);
-element!(bf16, BF16, bf16::ZERO, bf16::ONE, bf16::from_f64, bf16_call);
+element!(
+    f32,
+    F32,
+    0.0,
+    1.0,
+    |v: f64| v as f32,
+    gemm,
+    |v, a: Activation| a.apply_to(v)
+);
+element!(
+    f64,
+    F64,
+    0.0,
+    1.0,
+    |v: f64| v,
+    gemm,
+    |v: &mut [f64], a: Activation| v.iter_mut().for_each(|v| *v = a.apply_f64(*v))
+);
+element!(
+    f16,
+    F16,
+    f16::ZERO,
+    f16::ONE,
+    f16::from_f64,
+    gemm,
+    |v: &mut [f16], a: Activation| v
+        .iter_mut()
+        .for_each(|v| *v = f16::from_f32(a.apply_f32(v.to_f32())))
+);
+element!(
+    bf16,
+    BF16,
+    bf16::ZERO,
+    bf16::ONE,
+    bf16::from_f64,
+    bf16_call,
+    |v: &mut [bf16], a: Activation| v
+        .iter_mut()
+        .for_each(|v| *v = bf16::from_f32(a.apply_f32(v.to_f32())))
+);
 
 /// One `bf16` product on [`crate::cpu::bf16`]'s kernel (`f32` accumulation), threaded by the
 /// kernel itself unless `parallelism` says one thread.
@@ -315,6 +359,50 @@ fn product_into<E: Element>(
         });
 }
 
+/// `dst = f(lhs·rhs)` for a row-major `dst`, `f` applied to each tile of `dst` right after its
+/// product writes it.
+///
+/// Why tiles: a second pass over a `y` larger than the cache (`256 × 4096` `f32` is 4 MiB)
+/// reads it all back from memory. Each thread takes a contiguous block of rows and walks it
+/// in tiles of at most [`TILE_ELEMENTS`], one single-threaded `gemm` call per tile, so the
+/// activation reads values its own product has just written.
+fn activated_product<E: Element>(
+    dst: &mut [E],
+    lhs: Matrix<'_, E>,
+    rhs: Matrix<'_, E>,
+    activation: Activation,
+) {
+    /// A tile's elements: 512 KiB of `f32`, half of a Zen 4 or Sapphire Rapids core's L2.
+    const TILE_ELEMENTS: usize = 1 << 17;
+    const MAX_TILE_ROWS: usize = 256;
+    let ([m, _], [_, n]) = (lhs.shape(), rhs.shape());
+    if m == 0 || n == 0 {
+        return;
+    }
+    let block_rows = m.div_ceil(rayon::current_num_threads()).max(1);
+    let tile_rows = block_rows.min(MAX_TILE_ROWS);
+    // Whole 64-column panels (the kernels' widest), the last tile taking what is left.
+    let tile_cols = ((TILE_ELEMENTS / tile_rows) / 64 * 64).clamp(64, n.next_multiple_of(64));
+    dst.par_chunks_mut(block_rows * n)
+        .enumerate()
+        .for_each(|(block, rows)| {
+            let first_row = block * block_rows;
+            for (tile, rows) in rows.chunks_mut(tile_rows * n).enumerate() {
+                let count = rows.len() / n;
+                let lhs = lhs.rows(first_row + tile * tile_rows, count);
+                for col in (0..n).step_by(tile_cols) {
+                    let width = tile_cols.min(n - col);
+                    let out = &mut rows[col..];
+                    let rhs = rhs.cols(col, width);
+                    (E::GEMM)(out, n, lhs, rhs, E::ONE, false, gemm::Parallelism::None);
+                    for row in out.chunks_mut(n) {
+                        E::activate(&mut row[..width], activation);
+                    }
+                }
+            }
+        });
+}
+
 /// A contiguous Flex tensor of `shape` over `values`.
 fn tensor<E: Element, const D: usize>(values: Vec<E>, shape: [usize; D]) -> Tensor<Flex, D> {
     let layout = Layout::contiguous(Shape::new(shape));
@@ -331,10 +419,11 @@ fn values<E: Element>(tensor: &FlexTensor) -> Vec<E> {
         .collect()
 }
 
-/// `y = α·(x·A)·B + bias` as two products: `P = α·x·A`, then `y = P·B`, with the bias as one
-/// more rank of the second product (`[P | 1]·[B; bias]`), so that `y` is written once, by
-/// `gemm`, rather than filled with the bias and then read back (or added in a second pass).
-fn forward<E: Element>(operands: &Operands) -> Tensor<Flex, 2> {
+/// `y = f(α·(x·A)·B + bias)` as two products: `P = α·x·A`, then `y = P·B`, with the bias as
+/// one more rank of the second product (`[P | 1]·[B; bias]`), so that `y` is written once, by
+/// `gemm`, rather than filled with the bias and then read back (or added in a second pass),
+/// and `f` applied tile by tile as it is written ([`activated_product`]).
+fn forward<E: Element>(operands: &Operands, activation: Activation) -> Tensor<Flex, 2> {
     let (terms, d_input, k, d_output) = operands.dims();
     let rank = 2 * terms * k;
     let x = matrix::<E>(&operands.x);
@@ -364,13 +453,14 @@ fn forward<E: Element>(operands: &Operands) -> Tensor<Flex, 2> {
     );
     drop(a);
     let mut y = vec![E::ZERO; rows * d_output];
-    product(
-        &mut y,
+    let (p, b) = (
         Matrix::row_major(&p, rows, width),
         Matrix::row_major(&b, width, d_output),
-        E::ONE,
-        false,
     );
+    match activation {
+        Activation::Identity => product(&mut y, p, b, E::ONE, false),
+        activation => activated_product(&mut y, p, b, activation),
+    }
     tensor(y, [rows, d_output])
 }
 

@@ -13,7 +13,8 @@ use burn_fusion::{Fusion, FusionBackend, FusionRuntime, FusionTensor};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
 use super::{
-    KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients, float,
+    Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
+    float,
 };
 
 impl<B> SketchBackend for Fusion<B>
@@ -24,6 +25,7 @@ where
         x: Tensor<Self, 2>,
         weights: SketchWeights<Self>,
         bias: Option<Tensor<Self, 1>>,
+        activation: Activation,
         strategy: KernelStrategy,
     ) -> Tensor<Self, 2> {
         let [rows, _] = x.dims();
@@ -35,7 +37,10 @@ where
             "burn_sketch::sketched_linear",
             inputs,
             vec![Shape::new([rows, d_output])],
-            Step::Forward { has_bias },
+            Step::Forward {
+                has_bias,
+                activation,
+            },
             strategy,
         );
         float(outputs.into_iter().next().expect("one output"))
@@ -121,8 +126,13 @@ fn register<B: FusionBackend + SketchBackend>(
 
 #[derive(Debug, Clone, Copy)]
 enum Step {
-    Forward { has_bias: bool },
-    Backward { wanted: WantedGradients },
+    Forward {
+        has_bias: bool,
+        activation: Activation,
+    },
+    Backward {
+        wanted: WantedGradients,
+    },
 }
 
 #[derive(Debug)]
@@ -147,9 +157,12 @@ impl<B: FusionBackend + SketchBackend> Operation<B::FusionRuntime> for SketchOp<
         let x: Tensor<B, 2> = float(next());
         let weights = SketchWeights::from_primitives(std::array::from_fn(|_| next()));
         let results: Vec<B::FloatTensorPrimitive> = match self.step {
-            Step::Forward { has_bias } => {
+            Step::Forward {
+                has_bias,
+                activation,
+            } => {
                 let bias = has_bias.then(|| float(next()));
-                let output = B::sketched_linear(x, weights, bias, self.strategy);
+                let output = B::sketched_linear(x, weights, bias, activation, self.strategy);
                 vec![output.into_primitive().tensor()]
             }
             Step::Backward { wanted } => {

@@ -9,8 +9,8 @@
 //! | backend | feature | path |
 //! |---|---|---|
 //! | `NdArray` | `ndarray` | its own: direct matrix products on the arrays |
-//! | `Flex` | `flex` | its own: `gemm` calls on the buffers, bias and scale fused |
-//! | every `CubeBackend` (`Wgpu`, `Cuda`, `Rocm`, ...) | `cubecl` (`wgpu`, `cuda`) | the `burn-sketch-kernels` kernels or the tensor-op path, by [`KernelStrategy`] |
+//! | `Flex` | `flex` | its own: `gemm` calls on the buffers, scale, bias and activation fused |
+//! | every `CubeBackend` (`Wgpu`, `Cuda`, `Rocm`, ...) | `cubecl` (`wgpu`, `cuda`) | the `burn-sketch-kernels` kernels (activation in their output pass) or the tensor-op path, by [`KernelStrategy`] |
 //! | `Fusion<B>` | `fusion` | one custom operation in the fusion stream, running `B`'s |
 //! | `Profiled<B>` (burn-memory's profiler) | `profile` | `B`'s, recorded as one operation |
 //! | `Autodiff<B>` | always | one graph node whose backward runs `B`'s |
@@ -41,6 +41,7 @@ mod weights;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+pub use crate::activation::Activation;
 pub use gradients::{OPERANDS, SketchGradients, WantedGradients};
 pub use strategy::KernelStrategy;
 pub use weights::SketchWeights;
@@ -52,19 +53,25 @@ use weights::float;
 /// through `Autodiff<B>`, since it only composes tensor operations). Backends with a faster
 /// path override them.
 pub trait SketchBackend: Backend {
-    /// `y = 1/(2T) · Σ_t (x·S1_t·U1_t + x·U2_t·S2_t) + bias` for `x` of shape
-    /// `[n, d_input]`, returning `[n, d_output]`.
+    /// `y = f(1/(2T) · Σ_t (x·S1_t·U1_t + x·U2_t·S2_t) + bias)` for `x` of shape
+    /// `[n, d_input]`, returning `[n, d_output]`; `f` is the [`Activation`], which backends
+    /// with their own path apply in the product's output pass.
     ///
     /// Callers guarantee that the shapes agree (as [`SkLinear`](crate::SkLinear) does).
     /// `strategy` picks the implementation where the backend has several.
+    ///
+    /// The backward ([`sketched_linear_backward`](Self::sketched_linear_backward)) is the
+    /// product's alone: `Autodiff` applies the activation's derivative first, from the output
+    /// (ReLU) or the pre-activation it keeps (GELU).
     fn sketched_linear(
         x: Tensor<Self, 2>,
         weights: SketchWeights<Self>,
         bias: Option<Tensor<Self, 1>>,
+        activation: Activation,
         strategy: KernelStrategy,
     ) -> Tensor<Self, 2> {
         let _ = strategy;
-        tensor_ops::sketched_linear(x, weights, bias)
+        activation.apply(tensor_ops::sketched_linear(x, weights, bias))
     }
 
     /// The gradients of [`sketched_linear`](Self::sketched_linear) with respect to `x` and

@@ -26,8 +26,8 @@ use burn::tensor::backend::Backend;
 use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
 
 use super::{
-    KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients, float,
-    tensor_ops,
+    Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
+    float, tensor_ops,
 };
 
 impl<E, I, Q> SketchBackend for NdArray<E, I, Q>
@@ -39,11 +39,15 @@ where
         x: Tensor<Self, 2>,
         weights: SketchWeights<Self>,
         bias: Option<Tensor<Self, 1>>,
+        activation: Activation,
         _strategy: KernelStrategy,
     ) -> Tensor<Self, 2> {
-        forward::<f32, Self>(&x, &weights, bias.as_ref())
+        // The activation is a tensor operation after the product: NdArray is the reference
+        // CPU backend, Flex the fast one.
+        let output = forward::<f32, Self>(&x, &weights, bias.as_ref())
             .or_else(|| forward::<f64, Self>(&x, &weights, bias.as_ref()))
-            .unwrap_or_else(|| tensor_ops::sketched_linear(x, weights, bias))
+            .unwrap_or_else(|| tensor_ops::sketched_linear(x, weights, bias));
+        activation.apply(output)
     }
 
     fn sketched_linear_backward(

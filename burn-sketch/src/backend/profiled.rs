@@ -8,7 +8,9 @@ use burn_memory::profile::Profiled;
 use burn_memory::profile::TensorDesc;
 use burn_memory::profile::record::{Call, desc};
 
-use super::{KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients};
+use super::{
+    Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
+};
 
 /// `B`'s primitive of a float tensor of the profiled backend (the same type).
 fn inner<B: SketchBackend, const D: usize>(tensor: Tensor<Profiled<B>, D>) -> Tensor<B, D> {
@@ -48,6 +50,7 @@ impl<B: SketchBackend> SketchBackend for Profiled<B> {
         x: Tensor<Self, 2>,
         weights: SketchWeights<Self>,
         bias: Option<Tensor<Self, 1>>,
+        activation: Activation,
         strategy: KernelStrategy,
     ) -> Tensor<Self, 2> {
         let call = Call::start("sketched_linear", || {
@@ -55,8 +58,13 @@ impl<B: SketchBackend> SketchBackend for Profiled<B> {
             inputs.extend(describe_weights(&weights));
             inputs
         });
-        let output =
-            B::sketched_linear(inner(x), inner_weights(weights), bias.map(inner), strategy);
+        let output = B::sketched_linear(
+            inner(x),
+            inner_weights(weights),
+            bias.map(inner),
+            activation,
+            strategy,
+        );
         if let Some(call) = call {
             call.finish(|| vec![describe(&output)], || B::sync(&output.device()));
         }

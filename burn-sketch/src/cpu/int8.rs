@@ -15,6 +15,7 @@
 //! product at a time: the kernel must match it exactly.
 
 use super::{MatRef, SendPtr, features, for_each_block, tile_shape};
+use crate::activation::Activation;
 
 /// The deepest product whose integer sums cannot overflow `i32`: `255·127·depth < 2³¹`.
 pub const MAX_DEPTH: usize = 65_536;
@@ -243,7 +244,7 @@ fn min_max(x: &[f32]) -> (f32, f32) {
 }
 
 /// What the store applies to each output tile: `alpha·(integer sum, corrected)` plus `bias`,
-/// added to `dst` with `accumulate`.
+/// added to `dst` with `accumulate`, then the `activation`.
 #[derive(Clone, Copy, Debug)]
 pub struct Epilogue<'a> {
     /// A factor on every output (a sketched layer's `1/(2T)`).
@@ -252,6 +253,8 @@ pub struct Epilogue<'a> {
     pub bias: Option<&'a [f32]>,
     /// Add to what `dst` holds instead of overwriting it.
     pub accumulate: bool,
+    /// Applied to each output last, after the bias (and the sum, with `accumulate`).
+    pub activation: Activation,
 }
 
 /// `dst = alpha·(x·w) + bias` (or `+=` with `accumulate`) for quantized `x` (`m × k`) and
@@ -330,11 +333,12 @@ pub fn matmul_sum(
                 // SAFETY: each block writes only its own rows and columns of `dst`.
                 unsafe {
                     let slot = out.get().add(i * stride + j);
-                    *slot = if epilogue.accumulate {
+                    let value = if epilogue.accumulate {
                         *slot + value
                     } else {
                         value
                     };
+                    *slot = epilogue.activation.apply_f32(value);
                 }
             }
         }
@@ -373,7 +377,9 @@ pub fn reference(x: &QuantizedRows, w: &QuantizedMatrix) -> Vec<i32> {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Epilogue, QuantizedMatrix, QuantizedRows, SendPtr, for_each_block, tile_shape};
+    use super::{
+        Activation, Epilogue, QuantizedMatrix, QuantizedRows, SendPtr, for_each_block, tile_shape,
+    };
 
     /// [`super::min_max`], 16 lanes at a time: non-finite lanes are masked out of the
     /// comparisons, so both give the same result.
@@ -466,6 +472,11 @@ mod avx512 {
                     let e = Epilogue {
                         bias: epilogue.bias.filter(|_| last),
                         accumulate: epilogue.accumulate || s > 0,
+                        activation: if last {
+                            epilogue.activation
+                        } else {
+                            Activation::Identity
+                        },
                         ..epilogue
                     };
                     let bias = e.bias.map_or(&zeros[..], |b| &b[j..]);
@@ -552,6 +563,17 @@ mod avx512 {
                     if epilogue.accumulate {
                         value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(mask, out));
                     }
+                    match epilogue.activation {
+                        Activation::Identity => {}
+                        Activation::Relu => value = _mm512_max_ps(value, _mm512_setzero_ps()),
+                        // Through memory, for `apply_to`'s vectorised loop.
+                        Activation::Gelu => {
+                            let mut lanes = [0.0f32; 16];
+                            _mm512_storeu_ps(lanes.as_mut_ptr(), value);
+                            Activation::Gelu.apply_to(&mut lanes);
+                            value = _mm512_loadu_ps(lanes.as_ptr());
+                        }
+                    }
                     _mm512_mask_storeu_ps(out, mask, value);
                 }
             }
@@ -575,7 +597,8 @@ mod tests {
             .collect()
     }
 
-    /// The kernel's outputs against [`reference`]'s integer sums with the same epilogue.
+    /// The kernel's outputs against [`reference`]'s integer sums with the same epilogue (ReLU
+    /// without a bias, GELU with one).
     fn case(m: usize, k: usize, n: usize, with_bias: bool) {
         let (xv, wv) = (
             values(m * k, (m + 7 * k) as u64, 4.0),
@@ -585,10 +608,17 @@ mod tests {
         let x = QuantizedRows::quantize(MatRef::row_major(&xv, m, k), true);
         let w = QuantizedMatrix::quantize(MatRef::row_major(&wv, k, n));
         let sums = reference(&x, &w);
+        // Each activation of the store, the identity in the other tests.
+        let activation = if with_bias {
+            Activation::Gelu
+        } else {
+            Activation::Relu
+        };
         let epilogue = Epilogue {
             alpha: 0.25,
             bias: with_bias.then_some(&bias[..]),
             accumulate: false,
+            activation,
         };
         for parallel in [false, true] {
             let stride = n + 1;
@@ -596,7 +626,8 @@ mod tests {
             matmul(&mut y, stride, &x, &w, epilogue, parallel);
             for i in 0..m {
                 for j in 0..n {
-                    let want = finish(&x, &w, i, j, sums[i * n + j], epilogue);
+                    let sum = finish(&x, &w, i, j, sums[i * n + j], epilogue);
+                    let want = activation.apply_f32(sum);
                     let got = y[i * stride + j];
                     // The same integer sum; only the f32 epilogue's fused multiply-add may
                     // round differently.
@@ -650,6 +681,7 @@ mod tests {
             alpha: 1.0,
             bias: None,
             accumulate: false,
+            activation: Activation::Identity,
         };
         matmul(&mut y, n, &x, &w, e, true);
         for (got, want) in y.iter().zip(&sums) {
@@ -712,6 +744,7 @@ mod tests {
             alpha: 0.5,
             bias: Some(&bias),
             accumulate: false,
+            activation: Activation::Identity,
         };
         let mut fused = vec![0.0f32; m * n];
         matmul_sum(&mut fused, n, &[(&x1, &w1), (&x2, &w2)], e, true);
@@ -741,6 +774,7 @@ mod tests {
             alpha: 1.0,
             bias: None,
             accumulate: false,
+            activation: Activation::Identity,
         };
         let mut once = vec![0.0f32; m * n];
         matmul(&mut once, n, &x, &w, e, false);

@@ -7,7 +7,7 @@ use burn::tensor::backend::Backend;
 
 use super::SkLinearConfig;
 use crate::SketchError;
-use crate::backend::{KernelStrategy, SketchBackend, SketchWeights};
+use crate::backend::{Activation, KernelStrategy, SketchBackend, SketchWeights};
 
 /// A linear layer whose weight is a sum of low-rank sketched terms (Panther's `SKLinear`).
 ///
@@ -196,6 +196,36 @@ impl<B: SketchBackend> SkLinear<B> {
     /// # Panics
     /// If the input's last dimension is not `d_input`.
     pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
+        self.forward_activated(input, Activation::Identity)
+    }
+
+    /// [`forward`](Self::forward) followed by `activation`, applied in the product's output
+    /// pass where the backend has one (Flex, the CubeCL kernels): `relu(layer.forward(x))`
+    /// without the second pass over the output.
+    ///
+    /// # Shapes
+    /// As [`forward`](Self::forward).
+    ///
+    /// # Panics
+    /// As [`forward`](Self::forward).
+    ///
+    /// ```
+    /// use burn::backend::Flex;
+    /// use burn::tensor::Tensor;
+    /// use burn_sketch::{Activation, SkLinearConfig};
+    ///
+    /// let device = Default::default();
+    /// let layer = SkLinearConfig::new(64, 32, 1, 8).init::<Flex>(&device);
+    /// let x = Tensor::<Flex, 2>::ones([4, 64], &device);
+    /// let fused = layer.forward_activated(x.clone(), Activation::Relu);
+    /// let unfused = burn::tensor::activation::relu(layer.forward(x));
+    /// fused.into_data().assert_approx_eq::<f32>(&unfused.into_data(), Default::default());
+    /// ```
+    pub fn forward_activated<const D: usize>(
+        &self,
+        input: Tensor<B, D>,
+        activation: Activation,
+    ) -> Tensor<B, D> {
         let dims = input.dims();
         let d_input = self.d_input();
         assert_eq!(
@@ -214,6 +244,7 @@ impl<B: SketchBackend> SkLinear<B> {
             with_shape(input, [rows, d_input]),
             self.weights(),
             self.bias.as_ref().map(|b| b.val()),
+            activation,
             self.strategy,
         );
         with_shape(output, out_dims)

@@ -13,7 +13,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::{Deserialize, Serialize};
 
 use super::{Int8Linear, LowRankLinear, LowRankLinearConfig};
-use crate::{SkLinear, SkLinearConfig, SketchBackend, SketchError};
+use crate::{Activation, SkLinear, SkLinearConfig, SketchBackend, SketchError};
 
 /// Which layer an [`AnyLinearConfig`] builds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -287,11 +287,25 @@ impl<B: SketchBackend> AnyLinear<B> {
     /// - input: `[..., d_input]`
     /// - output: `[..., d_output]`
     pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
+        self.forward_activated(input, Activation::Identity)
+    }
+
+    /// [`forward`](Self::forward) followed by `activation`: inside the product's output pass
+    /// for sketched layers ([`SkLinear::forward_activated`]) and `int8` ones, a tensor
+    /// operation after it for dense and low-rank ones.
+    ///
+    /// # Shapes
+    /// As [`forward`](Self::forward).
+    pub fn forward_activated<const D: usize>(
+        &self,
+        input: Tensor<B, D>,
+        activation: Activation,
+    ) -> Tensor<B, D> {
         match &self.layer {
-            LinearLayer::Dense(layer) => layer.forward(input),
-            LinearLayer::Sketched(layer) => layer.forward(input),
-            LinearLayer::LowRank(layer) => layer.forward(input),
-            LinearLayer::Int8(layer) => layer.forward(input),
+            LinearLayer::Dense(layer) => activation.apply(layer.forward(input)),
+            LinearLayer::Sketched(layer) => layer.forward_activated(input, activation),
+            LinearLayer::LowRank(layer) => activation.apply(layer.forward(input)),
+            LinearLayer::Int8(layer) => layer.forward_activated(input, activation),
         }
     }
 }

@@ -13,7 +13,7 @@ use super::{
     AnyLinear, AnyLinearConfig, FeatureMap, LinearKind, MultiHeadAttention,
     MultiHeadAttentionConfig, PerformerAttention, PerformerAttentionConfig,
 };
-use crate::{SketchBackend, SketchError};
+use crate::{Activation, SketchBackend, SketchError};
 
 /// Configuration of an [`Mlp`].
 #[derive(Config, Debug)]
@@ -60,7 +60,9 @@ pub struct Mlp<B: Backend> {
     pub fc1: AnyLinear<B>,
     /// `d_ff → d_model`.
     pub fc2: AnyLinear<B>,
-    /// The activation.
+    /// The activation. `forward` applies it inside `fc1`'s product
+    /// ([`AnyLinear::forward_activated`]); the module stays a field so that records keep
+    /// their shape.
     pub activation: Gelu,
     /// Dropout after the activation.
     pub dropout: Dropout,
@@ -71,10 +73,8 @@ impl<B: SketchBackend> Mlp<B> {
     /// - input: `[..., d_model]`
     /// - output: `[..., d_model]`
     pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
-        let hidden = self
-            .dropout
-            .forward(self.activation.forward(self.fc1.forward(input)));
-        self.fc2.forward(hidden)
+        let hidden = self.fc1.forward_activated(input, Activation::Gelu);
+        self.fc2.forward(self.dropout.forward(hidden))
     }
 }
 

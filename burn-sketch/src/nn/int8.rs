@@ -24,9 +24,9 @@ use burn::tensor::quantization::{
 };
 use burn::tensor::{DType, Tensor, TensorData};
 
-use crate::SkLinear;
 use crate::cpu::MatRef;
 use crate::cpu::int8::{Epilogue, QuantizedMatrix, QuantizedRows, matmul, matmul_sum};
+use crate::{Activation, SkLinear};
 
 /// A dense or sketched linear layer with `int8` weights and per-row `u8` activations,
 /// quantized from a trained [`Linear`] or [`SkLinear`]. Inference only: it has nothing to
@@ -213,6 +213,19 @@ impl<B: Backend> Int8Linear<B> {
     /// - input: `[..., d_input]`
     /// - output: `[..., d_output]`
     pub fn forward<const D: usize>(&self, input: Tensor<B, D>) -> Tensor<B, D> {
+        self.forward_activated(input, Activation::Identity)
+    }
+
+    /// [`forward`](Self::forward) followed by `activation`, applied by the kernel's store as
+    /// each output tile is written.
+    ///
+    /// # Shapes
+    /// As [`forward`](Self::forward).
+    pub fn forward_activated<const D: usize>(
+        &self,
+        input: Tensor<B, D>,
+        activation: Activation,
+    ) -> Tensor<B, D> {
         let dims = input.dims();
         let (d_in, d_out) = (self.d_input(), self.d_output());
         let rows = dims[..D - 1].iter().product::<usize>();
@@ -221,8 +234,8 @@ impl<B: Backend> Int8Linear<B> {
         let x = input.reshape([rows, d_in]);
         let y = match flex_input(&x) {
             // Flex's own buffer, read in place (a shared input is not copied).
-            Some(values) => self.forward_host(&values, rows),
-            None => self.forward_host(&host_f32(x), rows),
+            Some(values) => self.forward_host(&values, rows, activation),
+            None => self.forward_host(&host_f32(x), rows, activation),
         };
         let mut out = dims;
         out[D - 1] = d_out;
@@ -236,7 +249,7 @@ impl<B: Backend> Int8Linear<B> {
     }
 
     /// `y` for the row-major `rows × d_input` input `x`.
-    fn forward_host(&self, x: &[f32], rows: usize) -> Vec<f32> {
+    fn forward_host(&self, x: &[f32], rows: usize, activation: Activation) -> Vec<f32> {
         let matrices = self.matrices();
         let (d_in, d_out) = (self.d_input(), self.d_output());
         let bias = self.bias.as_ref().map(|b| host_f32(b.val()));
@@ -249,6 +262,7 @@ impl<B: Backend> Int8Linear<B> {
                     alpha: 1.0,
                     bias,
                     accumulate: false,
+                    activation,
                 };
                 matmul(&mut y, d_out, &x, &matrices[0], e, true);
             }
@@ -260,6 +274,7 @@ impl<B: Backend> Int8Linear<B> {
                     alpha,
                     bias: None,
                     accumulate: false,
+                    activation: Activation::Identity,
                 };
                 matmul(&mut p, 2 * half, &x, &matrices[0], e, true);
                 let p = MatRef::row_major(&p, rows, 2 * half);
@@ -271,6 +286,7 @@ impl<B: Backend> Int8Linear<B> {
                     alpha: 1.0,
                     bias,
                     accumulate: false,
+                    activation,
                 };
                 let halves = [(&p1, &matrices[1]), (&p2, &matrices[2])];
                 matmul_sum(&mut y, d_out, &halves, e, true);

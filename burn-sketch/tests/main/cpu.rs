@@ -8,15 +8,18 @@ use burn::nn::LinearConfig;
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Tensor, TensorData};
+use burn_sketch::backend::{KernelStrategy, SketchWeights};
 use burn_sketch::cpu::{MatRef, bf16, features, int8};
 use burn_sketch::nn::{
     AnyLinearConfig, Converter, Int8Linear, LinearKind, Selection, draw_params, stored_bytes,
 };
-use burn_sketch::{SkLinear, SkLinearConfig, SketchError};
+use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend, SketchError};
 
 use crate::common;
 
 type B = Flex;
+/// Flex has one path and ignores the strategy.
+const STRATEGY: KernelStrategy = KernelStrategy::Autotune;
 
 fn values<const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.into_data().convert::<f32>().to_vec::<f32>().unwrap()
@@ -256,6 +259,54 @@ fn one_int8_layer_serves_several_threads() {
     });
 }
 
+/// The CPU paths' fused activations against Burn's own after the layer: Flex's sketched
+/// product in `f32` and `bf16` on a shape of several output tiles per thread (rows past one
+/// tile's 256, columns past one tile's width, neither a multiple of it), and the `int8`
+/// layers, dense and sketched, whose store applies it.
+#[test]
+fn fused_activations_match_burns_own() {
+    let _serial = common::serial();
+    let device = Default::default();
+    B::seed(&device, 23);
+    let sketched = SkLinearConfig::new(40, 1100, 2, 8).init::<B>(&device);
+    let x = Tensor::<B, 2>::random([600, 40], Distribution::Default, &device);
+    let dense = LinearConfig::new(40, 70).init::<B>(&device);
+    let int8 = [
+        Int8Linear::from_linear(&dense),
+        Int8Linear::from_sketched(&sketched),
+    ];
+    for activation in [Activation::Relu, Activation::Gelu] {
+        for (dtype, tolerance) in [(DType::F32, 1e-5), (DType::BF16, 2f32.powi(-7))] {
+            let weights =
+                SketchWeights::from_array(sketched.weights().into_array().map(|w| w.cast(dtype)));
+            let bias = sketched.bias.as_ref().map(|b| b.val().cast(dtype));
+            let x = x.clone().cast(dtype);
+            let run = |activation| {
+                B::sketched_linear(
+                    x.clone(),
+                    weights.clone(),
+                    bias.clone(),
+                    activation,
+                    STRATEGY,
+                )
+            };
+            let fused = run(activation);
+            assert_eq!(fused.dtype(), dtype);
+            let gap = relative_gap(fused, activation.apply(run(Activation::Identity)));
+            assert!(gap <= tolerance, "{activation:?} {dtype:?}: {gap}");
+        }
+        for layer in &int8 {
+            let fused = layer.forward_activated(x.clone(), activation);
+            let gap = relative_gap(fused, activation.apply(layer.forward(x.clone())));
+            assert!(
+                gap <= 1e-6,
+                "int8 {:?} {activation:?}: {gap}",
+                layer.sketch()
+            );
+        }
+    }
+}
+
 /// `bf16` on Flex's path (our kernel, `f32` accumulation) against the same values in `f32`,
 /// forward and every gradient, within a few `bf16` epsilons (2⁻⁷) of the largest value.
 #[test]
@@ -302,6 +353,7 @@ fn the_portable_paths_match_the_references() {
             alpha: 1.0,
             bias: None,
             accumulate: false,
+            activation: Activation::Identity,
         };
         int8::matmul(&mut y, n, &x, &w, e, true);
         let exact: Vec<f32> = (0..m * n)

@@ -8,7 +8,7 @@ use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Tensor};
 use burn_sketch::backend::{KernelStrategy, SketchWeights, WantedGradients};
-use burn_sketch::{SkLinearConfig, SketchBackend};
+use burn_sketch::{Activation, SkLinearConfig, SketchBackend};
 
 use crate::common;
 
@@ -17,6 +17,7 @@ type AB = Autodiff<Flex>;
 const DEVICE: FlexDevice = FlexDevice;
 /// Flex has one implementation of the product; it takes the default strategy and ignores it.
 const STRATEGY: KernelStrategy = KernelStrategy::Autotune;
+const IDENTITY: Activation = Activation::Identity;
 
 backend_suite!(B, AB, DEVICE, STRATEGY);
 
@@ -65,12 +66,12 @@ fn strided_inputs_match_contiguous_ones() {
         .map(|b| Tensor::stack::<2>(vec![b.clone(), b], 1).reshape([38]));
     let strided_bias = long_bias.map(|b| b.reshape([19, 2]).slice([0..19, 0..1]).reshape([19]));
 
-    let expected = B::sketched_linear(x.clone(), layer.weights(), bias.clone(), STRATEGY);
+    let expected = B::sketched_linear(x.clone(), layer.weights(), bias.clone(), IDENTITY, STRATEGY);
     for (input, name) in [(x_t.clone(), "transposed"), (x_slice.clone(), "sliced")] {
-        let actual = B::sketched_linear(input, layer.weights(), bias.clone(), STRATEGY);
+        let actual = B::sketched_linear(input, layer.weights(), bias.clone(), IDENTITY, STRATEGY);
         common::assert_close(actual.into_data(), expected.clone().into_data(), name);
     }
-    let actual = B::sketched_linear(x.clone(), layer.weights(), strided_bias, STRATEGY);
+    let actual = B::sketched_linear(x.clone(), layer.weights(), strided_bias, IDENTITY, STRATEGY);
     common::assert_close(actual.into_data(), expected.into_data(), "strided bias");
 
     let expected = B::sketched_linear_backward(
@@ -172,9 +173,9 @@ pub fn half_precision_matches_f32(dtype: DType, epsilon: f32) {
     let (x16, g16) = (x.clone().cast(dtype), g.clone().cast(dtype));
     let bias16 = bias.clone().map(|b| b.cast(dtype));
 
-    let y16 = B::sketched_linear(x16.clone(), weights16.clone(), bias16, STRATEGY);
+    let y16 = B::sketched_linear(x16.clone(), weights16.clone(), bias16, IDENTITY, STRATEGY);
     assert_eq!(y16.dtype(), dtype, "{dtype:?} in, {dtype:?} out");
-    let y32 = B::sketched_linear(x.clone(), layer.weights(), bias, STRATEGY);
+    let y32 = B::sketched_linear(x.clone(), layer.weights(), bias, IDENTITY, STRATEGY);
     let within =
         |actual: burn::tensor::TensorData, expected: burn::tensor::TensorData, what: &str| {
             let (a, e) = (

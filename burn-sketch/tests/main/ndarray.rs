@@ -35,8 +35,8 @@ fn f64_backend_path_matches_tensor_ops() {
 /// computes exactly the gradients it is asked for, each equal to the tensor-op path's.
 #[test]
 fn backend_path_takes_strided_inputs_and_partial_gradients() {
-    use burn_sketch::SketchBackend;
     use burn_sketch::backend::{WantedGradients, tensor_ops};
+    use burn_sketch::{Activation, SketchBackend};
     let _serial = common::serial();
     B::seed(&DEVICE, 9);
     let (rows, d_in, d_out) = (6, 11, 7);
@@ -45,7 +45,14 @@ fn backend_path_takes_strided_inputs_and_partial_gradients() {
     let g = Tensor::<B, 2>::random([d_out, rows], Distribution::Default, &DEVICE).transpose();
     let bias = layer.bias.as_ref().map(|b| b.val());
     common::assert_close(
-        B::sketched_linear(x.clone(), layer.weights(), bias.clone(), STRATEGY).into_data(),
+        B::sketched_linear(
+            x.clone(),
+            layer.weights(),
+            bias.clone(),
+            Activation::Identity,
+            STRATEGY,
+        )
+        .into_data(),
         tensor_ops::sketched_linear(x.clone(), layer.weights(), bias).into_data(),
         "forward of a transposed input",
     );

@@ -106,6 +106,8 @@ pub struct Settings {
     pub device_spec: Option<DeviceSpec>,
     /// What "sketch" times on backends with a choice (CubeCL's).
     pub strategy: KernelStrategy,
+    /// The activation after every layer (`--activation`).
+    pub activation: burn_sketch::Activation,
 }
 
 /// Measures `point` on backend `B`; the training variants run on `Autodiff<B>`.

@@ -183,6 +183,43 @@ pub struct BenchArgs {
     /// Leave PyTorch out (the peak fractions are still shown).
     #[arg(long)]
     pub no_torch: bool,
+    /// An activation after every layer: the sketched layer applies it in its product's
+    /// output pass (`forward_activated`), the `tensor_ops` column runs the same backend
+    /// product and then Burn's activation as its own pass (the unfused form of the first
+    /// column), the dense layer is followed by Burn's; PyTorch's forms apply `torch`'s.
+    #[arg(long, value_enum, default_value = "identity")]
+    pub activation: ActivationArg,
+}
+
+/// `--activation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ActivationArg {
+    /// None.
+    Identity,
+    /// ReLU.
+    Relu,
+    /// The exact GELU.
+    Gelu,
+}
+
+impl ActivationArg {
+    /// burn-sketch's form.
+    pub fn burn_sketch(self) -> burn_sketch::Activation {
+        match self {
+            Self::Identity => burn_sketch::Activation::Identity,
+            Self::Relu => burn_sketch::Activation::Relu,
+            Self::Gelu => burn_sketch::Activation::Gelu,
+        }
+    }
+
+    /// `two_gemm.py`'s name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Identity => "identity",
+            Self::Relu => "relu",
+            Self::Gelu => "gelu",
+        }
+    }
 }
 
 /// What a run wrote.
@@ -386,7 +423,7 @@ fn compare_on_cpu(
             args.dtype.name(),
             args.python
         );
-        peer::torch_rows(&args.python, args.dtype, points, args.runs, dir)
+        peer::torch_rows(&args.python, args, points, dir)
     };
     let comparisons = peer::compare(args.dtype, sides, torch.as_deref().ok(), &peaks);
     let table = format!(
@@ -424,6 +461,7 @@ fn settings<B: SketchBackend>(
         dtype: args.dtype,
         device_spec: args.device_model.map(DeviceModel::spec),
         strategy: args.strategy.burn_sketch(),
+        activation: args.activation.burn_sketch(),
     })
 }
 
@@ -523,6 +561,8 @@ mod tests {
             profile_sync: false,
             python: "python3".into(),
             no_torch: true,
+            // The activated workloads run too (every column's value is checked below).
+            activation: ActivationArg::Gelu,
         };
         let output = run(&args).unwrap();
         assert!(output.profiles.is_empty(), "no --profile, no profile pass");

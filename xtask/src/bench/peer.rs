@@ -102,11 +102,11 @@ pub struct TorchRow {
 /// PyTorch column (no such Python, no torch, the script failed).
 pub fn torch_rows(
     python: &str,
-    dtype: Dtype,
+    args: &super::BenchArgs,
     points: &[Point],
-    runs: usize,
     dir: &Path,
 ) -> Result<Vec<TorchRow>, String> {
+    let (dtype, runs) = (args.dtype, args.runs);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("pytorch/two_gemm.py");
     let json = dir.join("torch.json");
     let ids: Vec<String> = points.iter().map(Point::id).collect();
@@ -122,6 +122,7 @@ pub fn torch_rows(
         .arg(&json)
         .arg("--threads")
         .arg(rayon::current_num_threads().to_string())
+        .args(["--activation", args.activation.name()])
         .arg("--points")
         .args(&ids)
         .output()

@@ -71,7 +71,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::bench::{BackendKind, BenchArgs, Dtype, Row, Strategy, run};
+    use crate::bench::{ActivationArg, BackendKind, BenchArgs, Dtype, Row, Strategy, run};
 
     /// The calls of the row `name` in a written `operations.json` (0 when it has none).
     fn calls(dir: &Path, name: &str) -> u64 {
@@ -111,6 +111,7 @@ mod tests {
             python: "python3".into(),
             no_torch: true,
             profile_sync: false,
+            activation: ActivationArg::Identity,
         };
         let output = run(&args).unwrap();
         let rows: Vec<Row> = serde_json::from_str(

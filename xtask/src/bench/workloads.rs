@@ -8,7 +8,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Tensor};
 use burn_sketch::backend::tensor_ops;
-use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
+use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend};
 
 use super::grid::Point;
 use super::measure::Settings;
@@ -35,6 +35,7 @@ pub struct Workloads<B: SketchBackend> {
     x_ad: Tensor<Autodiff<B>, 2>,
     sketch_ad: SkLinear<Autodiff<B>>,
     dense_ad: Linear<Autodiff<B>>,
+    activation: Activation,
 }
 
 impl<B: SketchBackend> Workloads<B> {
@@ -66,6 +67,7 @@ impl<B: SketchBackend> Workloads<B> {
             x_ad,
             sketch_ad,
             dense_ad,
+            activation: settings.activation,
         }
     }
 
@@ -73,22 +75,28 @@ impl<B: SketchBackend> Workloads<B> {
     /// runs it (the kernels on CubeCL backends), the same product through generic tensor
     /// operations, dense `Linear` forward, and forward + backward of each layer on a fresh
     /// leaf input, all gradients computed.
+    ///
+    /// With an activation (`--activation`), each layer is followed by it: the sketched layer
+    /// applies it in its output pass, and the second workload becomes the unfused form of the
+    /// first (the backend's own product, then Burn's activation as a pass of its own).
     pub fn ops(&self) -> [Op<'_>; 5] {
+        let act = self.activation;
         let train = |forward: &dyn Fn(Tensor<Autodiff<B>, 2>) -> Tensor<Autodiff<B>, 2>| {
             forward(self.x_ad.clone().require_grad()).sum().backward()
         };
         [
-            op(|| self.sketch.forward(self.x.clone())),
-            op(|| {
-                tensor_ops::sketched_linear(
+            op(move || self.sketch.forward_activated(self.x.clone(), act)),
+            op(move || match act {
+                Activation::Identity => tensor_ops::sketched_linear(
                     self.x.clone(),
                     self.sketch.weights(),
                     self.bias.clone(),
-                )
+                ),
+                act => act.apply(self.sketch.forward(self.x.clone())),
             }),
-            op(|| self.dense.forward(self.x.clone())),
-            op(move || train(&|x| self.sketch_ad.forward(x))),
-            op(move || train(&|x| self.dense_ad.forward(x))),
+            op(move || act.apply(self.dense.forward(self.x.clone()))),
+            op(move || train(&|x| self.sketch_ad.forward_activated(x, act))),
+            op(move || train(&|x| act.apply(self.dense_ad.forward(x)))),
         ]
     }
 }

@@ -42,16 +42,21 @@ macro_rules! backend_suite {
         fn backend_path_matches_tensor_ops() {
             crate::common::backend_path_matches_tensor_ops::<$b>(&$device, $strategy);
         }
+
+        #[test]
+        fn fused_activation_trains_like_unfused() {
+            crate::common::fused_activation_trains_like_unfused::<$ab>(&$device, $strategy);
+        }
     };
 }
 
-use burn::module::Module;
+use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor, TensorData};
 use burn_sketch::backend::KernelStrategy;
-use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
+use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend};
 
 /// Shapes with odd and prime sizes, a size-1 case and a wide/narrow pair.
 pub const SHAPES: [(usize, usize, usize); 4] = [(7, 5, 3), (13, 11, 2), (1, 1, 1), (24, 9, 5)];
@@ -387,13 +392,21 @@ pub fn backend_path_matches_tensor_ops<B: SketchBackend>(
         let g = Tensor::<B, 2>::random([rows, d_out], Distribution::Default, device);
         let bias = layer.bias.as_ref().map(|b| b.val());
 
-        let actual = B::sketched_linear(x.clone(), layer.weights(), bias.clone(), strategy);
-        let expected = tensor_ops::sketched_linear(x.clone(), layer.weights(), bias);
-        assert_close(
-            actual.into_data(),
-            expected.into_data(),
-            &format!("forward {what}"),
-        );
+        for activation in ACTIVATIONS {
+            let actual = B::sketched_linear(
+                x.clone(),
+                layer.weights(),
+                bias.clone(),
+                activation,
+                strategy,
+            );
+            let expected = tensor_ops::sketched_linear(x.clone(), layer.weights(), bias.clone());
+            assert_close(
+                actual.into_data(),
+                activation.apply(expected).into_data(),
+                &format!("forward {what} {activation:?}"),
+            );
+        }
 
         let actual = B::sketched_linear_backward(
             x.clone(),
@@ -423,6 +436,69 @@ pub fn backend_path_matches_tensor_ops<B: SketchBackend>(
                 a.unwrap().into_data(),
                 e.unwrap().into_data(),
                 &format!("{name} {what}"),
+            );
+        }
+    }
+}
+
+/// Every activation a sketched product can apply.
+pub const ACTIVATIONS: [Activation; 3] = [Activation::Identity, Activation::Relu, Activation::Gelu];
+
+/// `forward_activated` against `f(forward(x))` under autodiff, outputs and every gradient
+/// (`x`, `S1s`, `S2s`, bias), tracked and untracked: the fused forward keeps what the
+/// derivative needs (ReLU's output, GELU's pre-activation) and no more.
+pub fn fused_activation_trains_like_unfused<B: AutodiffBackend + SketchBackend>(
+    device: &B::Device,
+    strategy: KernelStrategy,
+) where
+    B::InnerBackend: SketchBackend,
+{
+    let _serial = serial();
+    B::seed(device, 17);
+    for (rows, d_in, d_out, t, k) in [(9, 13, 7, 2, 3), (1, 5, 4, 1, 1), (33, 20, 70, 1, 8)] {
+        let layer = SkLinearConfig::new(d_in, d_out, t, k)
+            .with_strategy(strategy)
+            .init::<B>(device);
+        let x = Tensor::<B, 2>::random([rows, d_in], Distribution::Default, device);
+        let g = Tensor::<B, 2>::random([rows, d_out], Distribution::Default, device);
+        for activation in ACTIVATIONS {
+            let what = format!("n={rows} d_in={d_in} d_out={d_out} T={t} k={k} {activation:?}");
+            let run = |fused: bool| {
+                let x = x.clone().require_grad();
+                let y = if fused {
+                    layer.forward_activated(x.clone(), activation)
+                } else {
+                    activation.apply(layer.forward(x.clone()))
+                };
+                let grads = (y.clone() * g.clone()).sum().backward();
+                let bias = layer.bias.as_ref().expect("a bias");
+                (
+                    y.inner().into_data(),
+                    [
+                        x.grad(&grads).unwrap().into_data(),
+                        layer.s1s.grad(&grads).unwrap().into_data(),
+                        layer.s2s.grad(&grads).unwrap().into_data(),
+                        bias.grad(&grads).unwrap().into_data(),
+                    ],
+                )
+            };
+            let (y_fused, grads_fused) = run(true);
+            let (y_plain, grads_plain) = run(false);
+            assert_close(y_fused, y_plain.clone(), &format!("y {what}"));
+            for (name, (a, e)) in ["∂x", "∂S1s", "∂S2s", "∂bias"]
+                .iter()
+                .zip(grads_fused.into_iter().zip(grads_plain))
+            {
+                assert_close(a, e, &format!("{name} {what}"));
+            }
+            // Untracked (inference): the fused forward alone.
+            let untracked = layer
+                .valid()
+                .forward_activated(x.clone().inner(), activation);
+            assert_close(
+                untracked.into_data(),
+                y_plain,
+                &format!("untracked y {what}"),
             );
         }
     }
