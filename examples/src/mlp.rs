@@ -12,7 +12,7 @@ use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
 use burn_memory::profile::{StepProfiler, scope};
 use burn_memory::{Layers, MixedPrecision, Segments, SharedMixedPrecision, segmented_backward};
 use burn_sketch::nn::Int8Linear;
-use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
+use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend};
 
 use crate::data::DigitBatch;
 
@@ -125,7 +125,8 @@ impl<B: SketchBackend> Layers<B> for Mlp<B> {
             self.sketched.get(index),
             dense.and_then(|i| self.dense.get(i)),
         ) {
-            (Some(layer), _) => relu(layer.forward(x)),
+            // The ReLU inside the sketched product's output pass.
+            (Some(layer), _) => layer.forward_activated(x, Activation::Relu),
             (None, Some(layer)) => relu(layer.forward(x)),
             (None, None) => self.output.forward(x),
         }
@@ -249,8 +250,13 @@ impl<B: Backend> Int8Mlp<B> {
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let last = self.layers.len() - 1;
         self.layers.iter().enumerate().fold(x, |x, (i, layer)| {
-            let y = layer.forward(x);
-            if i == last { y } else { relu(y) }
+            // The ReLU in the int8 kernel's store.
+            let activation = if i == last {
+                Activation::Identity
+            } else {
+                Activation::Relu
+            };
+            layer.forward_activated(x, activation)
         })
     }
 

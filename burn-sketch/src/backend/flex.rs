@@ -24,6 +24,7 @@
 use burn::backend::Flex;
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, Shape, Tensor, bf16, f16};
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::{
@@ -140,9 +141,7 @@ element!(
     f16::ONE,
     f16::from_f64,
     gemm,
-    |v: &mut [f16], a: Activation| v
-        .iter_mut()
-        .for_each(|v| *v = f16::from_f32(a.apply_f32(v.to_f32())))
+    activate_half::<f16>
 );
 element!(
     bf16,
@@ -151,10 +150,23 @@ element!(
     bf16::ONE,
     bf16::from_f64,
     bf16_call,
-    |v: &mut [bf16], a: Activation| v
-        .iter_mut()
-        .for_each(|v| *v = bf16::from_f32(a.apply_f32(v.to_f32())))
+    activate_half::<bf16>
 );
+
+/// `activation` of half-precision values, through `f32` in chunks that stay in L1: the
+/// conversions and [`Activation::apply_to`] each a vectorised loop.
+fn activate_half<T>(values: &mut [T], activation: Activation)
+where
+    [T]: HalfFloatSliceExt,
+{
+    let mut buffer = [0.0f32; 256];
+    for chunk in values.chunks_mut(buffer.len()) {
+        let wide = &mut buffer[..chunk.len()];
+        chunk.convert_to_f32_slice(wide);
+        activation.apply_to(wide);
+        chunk.convert_from_f32_slice(wide);
+    }
+}
 
 /// One `bf16` product on [`crate::cpu::bf16`]'s kernel (`f32` accumulation), threaded by the
 /// kernel itself unless `parallelism` says one thread.
