@@ -70,6 +70,26 @@ impl Activation {
         apply_to_any(self, values);
     }
 
+    /// The backward of [`apply_to`](Self::apply_to), in place: `grad ← f'(z)·grad`, from
+    /// what a tracked forward keeps (`kept`): the output for ReLU, the pre-activation `z` for
+    /// GELU (`f'(z) = Φ(z) + z·φ(z)`). The identity leaves `grad` as it is.
+    ///
+    /// # Panics
+    /// If the two slices differ in length.
+    pub fn backward_to(self, kept: &[f32], grad: &mut [f32]) {
+        assert_eq!(kept.len(), grad.len(), "one kept value per gradient");
+        if self == Activation::Identity {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F was detected.
+            unsafe { backward_avx512(self, kept, grad) };
+            return;
+        }
+        backward_each(self, kept, grad);
+    }
+
     /// [`apply_f32`](Self::apply_f32) in `f64`.
     pub fn apply_f64(self, value: f64) -> f64 {
         match self {
@@ -113,6 +133,33 @@ fn apply_each(activation: Activation, values: &mut [f32]) {
         Activation::Relu => values.iter_mut().for_each(|v| *v = v.max(0.0)),
         Activation::Gelu => values.iter_mut().for_each(|v| *v = gelu(*v)),
     }
+}
+
+/// [`Activation::backward_to`] compiled for AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn backward_avx512(activation: Activation, kept: &[f32], grad: &mut [f32]) {
+    backward_each(activation, kept, grad);
+}
+
+/// One loop per activation, as [`apply_each`].
+#[inline(always)]
+fn backward_each(activation: Activation, kept: &[f32], grad: &mut [f32]) {
+    let pairs = grad.iter_mut().zip(kept);
+    match activation {
+        Activation::Identity => {}
+        Activation::Relu => pairs.for_each(|(g, &y)| *g = if y > 0.0 { *g } else { 0.0 }),
+        Activation::Gelu => pairs.for_each(|(g, &z)| *g *= gelu_derivative(z)),
+    }
+}
+
+/// `Φ(z) + z·φ(z)`: GELU's derivative, with [`erf`] and the same `exp`.
+#[inline(always)]
+fn gelu_derivative(z: f32) -> f32 {
+    /// `1/√(2π)`.
+    const INV_SQRT_2PI: f32 = 0.398_942_3;
+    let cdf = 0.5 * (1.0 + erf(z * core::f32::consts::FRAC_1_SQRT_2));
+    cdf + z * INV_SQRT_2PI * exp_non_positive(-0.5 * z * z)
 }
 
 /// The exact GELU with [`erf`].
@@ -177,5 +224,30 @@ mod tests {
         let mut values = [-1.0f32, 0.5, 3.0];
         Activation::Relu.apply_to(&mut values);
         assert_eq!(values, [0.0, 0.5, 3.0]);
+    }
+
+    /// The derivatives against central differences of the `f64` functions.
+    #[test]
+    fn the_backward_is_the_derivative() {
+        let z: Vec<f32> = (-400..=400).map(|i| i as f32 / 50.0).collect();
+        for activation in [Activation::Relu, Activation::Gelu] {
+            let kept: Vec<f32> = match activation {
+                Activation::Relu => z.iter().map(|&v| activation.apply_f32(v)).collect(),
+                _ => z.clone(),
+            };
+            let mut grad = vec![2.0f32; z.len()];
+            activation.backward_to(&kept, &mut grad);
+            for (&v, &g) in z.iter().zip(&grad) {
+                if v == 0.0 {
+                    continue; // ReLU's kink
+                }
+                let (v, h) = (v as f64, 1e-6);
+                let slope = (activation.apply_f64(v + h) - activation.apply_f64(v - h)) / (2.0 * h);
+                assert!(
+                    (g as f64 - 2.0 * slope).abs() < 1e-5,
+                    "{activation:?} at {v}: {g}"
+                );
+            }
+        }
     }
 }

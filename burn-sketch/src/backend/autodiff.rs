@@ -103,7 +103,8 @@ fn record<B: SketchBackend, C: CheckpointStrategy, const N: usize>(
                 }
                 Activation::Gelu => {
                     let z = inner_forward::<B, C, N>(&inputs, Activation::Identity, strategy);
-                    (B::gelu(z.clone()), Some(z))
+                    let y = B::activate(float(z.clone()), activation);
+                    (y.into_primitive().tensor(), Some(z))
                 }
             };
             prep.finish((operands, kept), output)
@@ -126,12 +127,13 @@ impl<B: SketchBackend, const N: usize> Backward<B, N> for SketchedLinearBackward
         let grad_output = grads.consume::<B>(&ops.node);
         let (operands, kept) = ops.state;
         // ∂z = f'(z)·∂y, before the product's own backward.
-        let grad_output: Tensor<B, 2> = float(match (self.activation, kept) {
-            (Activation::Identity, _) => grad_output,
-            (Activation::Relu, Some(output)) => B::relu_backward(output, grad_output),
-            (Activation::Gelu, Some(z)) => B::gelu_backward(z, grad_output),
+        let grad_output: Tensor<B, 2> = match (self.activation, kept) {
+            (Activation::Identity, _) => float(grad_output),
+            (activation, Some(kept)) => {
+                B::activation_backward(float(kept), float(grad_output), activation)
+            }
             (activation, None) => unreachable!("a tracked {activation:?} keeps its tensor"),
-        });
+        };
         let [x, s1s, s2s, u1s, u2s] =
             operands.map(|id| checkpointer.retrieve_node_output::<FloatTensor<B>>(id));
         let parents = &ops.parents;

@@ -29,7 +29,7 @@ use rayon::prelude::*;
 
 use super::{
     Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
-    float, tensor_ops,
+    burn_activation_backward, float, tensor_ops,
 };
 use crate::cpu::{MatRef, gemm};
 
@@ -52,6 +52,34 @@ impl SketchBackend for Flex {
             Some(DType::F16) => forward::<f16>(&operands, activation),
             Some(DType::BF16) => forward::<bf16>(&operands, activation),
             _ => activation.apply(tensor_ops::sketched_linear(x, weights, bias)),
+        }
+    }
+
+    fn activate(z: Tensor<Self, 2>, activation: Activation) -> Tensor<Self, 2> {
+        match contiguous_f32(&z) {
+            Some(primitive) => {
+                let mut values = f32_values(&primitive).to_vec();
+                activation.apply_to(&mut values);
+                tensor(values, z.dims())
+            }
+            None => activation.apply(z),
+        }
+    }
+
+    /// Burn's `gelu_backward` on Flex calls `libm` twice per value; ours is one vectorised
+    /// loop ([`Activation::backward_to`]).
+    fn activation_backward(
+        kept: Tensor<Self, 2>,
+        grad_output: Tensor<Self, 2>,
+        activation: Activation,
+    ) -> Tensor<Self, 2> {
+        match (contiguous_f32(&kept), contiguous_f32(&grad_output)) {
+            (Some(kept), Some(grad)) => {
+                let mut grad = f32_values(&grad).to_vec();
+                activation.backward_to(f32_values(&kept), &mut grad);
+                tensor(grad, grad_output.dims())
+            }
+            _ => burn_activation_backward(kept, grad_output, activation),
         }
     }
 
@@ -413,6 +441,19 @@ fn activated_product<E: Element>(
                 }
             }
         });
+}
+
+/// The primitive of an `f32` tensor stored contiguously; `None` for any other.
+fn contiguous_f32(tensor: &Tensor<Flex, 2>) -> Option<FlexTensor> {
+    let primitive = tensor.clone().into_primitive().tensor();
+    (primitive.dtype() == DType::F32 && primitive.layout().is_contiguous()).then_some(primitive)
+}
+
+/// The values of a [`contiguous_f32`] primitive, in order.
+fn f32_values(primitive: &FlexTensor) -> &[f32] {
+    let layout = primitive.layout();
+    let start = layout.start_offset();
+    &primitive.storage::<f32>()[start..start + layout.num_elements()]
 }
 
 /// A contiguous Flex tensor of `shape` over `values`.

@@ -74,6 +74,24 @@ pub trait SketchBackend: Backend {
         activation.apply(tensor_ops::sketched_linear(x, weights, bias))
     }
 
+    /// `activation` of a tracked layer's pre-activation `z` (`[n, d_output]`): the forward
+    /// that `Autodiff` runs for an activation whose derivative needs `z` (GELU), since it
+    /// keeps `z` and cannot take the fused product. Burn's own activation unless the backend
+    /// has a faster one.
+    fn activate(z: Tensor<Self, 2>, activation: Activation) -> Tensor<Self, 2> {
+        activation.apply(z)
+    }
+
+    /// `f'(z)·∂y`, the gradient that reaches the product's backward, from what the forward
+    /// kept: the output for ReLU, the pre-activation for GELU. Burn's `relu_backward` or
+    /// `gelu_backward` unless the backend has a faster one.
+    fn activation_backward(
+        kept: Tensor<Self, 2>,
+        grad_output: Tensor<Self, 2>,
+        activation: Activation,
+    ) -> Tensor<Self, 2> {
+        burn_activation_backward(kept, grad_output, activation)
+    }
     /// The gradients of [`sketched_linear`](Self::sketched_linear) with respect to `x` and
     /// the factors, given the gradient of its output (`[n, d_output]`); only the `wanted` ones
     /// are computed. The bias gradient, a column sum of `grad_output`, is not included.
@@ -90,4 +108,22 @@ pub trait SketchBackend: Backend {
         let _ = strategy;
         tensor_ops::sketched_linear_backward(x, weights, grad_output, wanted)
     }
+}
+
+/// [`SketchBackend::activation_backward`] with Burn's `relu_backward` and `gelu_backward`: the
+/// default, and the fallback of backends that override it for some element types.
+pub(crate) fn burn_activation_backward<B: Backend>(
+    kept: Tensor<B, 2>,
+    grad_output: Tensor<B, 2>,
+    activation: Activation,
+) -> Tensor<B, 2> {
+    let (kept, grad) = (
+        kept.into_primitive().tensor(),
+        grad_output.into_primitive().tensor(),
+    );
+    float(match activation {
+        Activation::Identity => grad,
+        Activation::Relu => B::relu_backward(kept, grad),
+        Activation::Gelu => B::gelu_backward(kept, grad),
+    })
 }
