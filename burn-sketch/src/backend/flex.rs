@@ -10,8 +10,8 @@
 //! - `1/(2T)` is the `beta` of the product that writes the thin `P` (or `∂P`), not a pass of
 //!   its own;
 //! - the bias is one more rank of the output product, not a second pass over `y`;
-//! - an [`Activation`] is applied to each tile of `y` right after its product writes it,
-//!   while the tile is in cache ([`activated_product`]);
+//! - an [`Activation`] is applied right after the output product, by the same threads, as
+//!   one vectorised loop per block of rows ([`activated_product`]);
 //! - transposed operands (`Bᵀ`, `Aᵀ`, `xᵀ`, `Pᵀ`) are strides handed to `gemm`, never copies,
 //!   and every gradient is written straight into its factor's layout;
 //! - how a product uses the threads depends on its shape ([`Blocks`]).
@@ -55,14 +55,15 @@ impl SketchBackend for Flex {
         }
     }
 
+    /// The loops of the fused forward ([`Element::activate`]), so that a tracked forward
+    /// computes the same values as an untracked one.
     fn activate(z: Tensor<Self, 2>, activation: Activation) -> Tensor<Self, 2> {
-        match contiguous_f32(&z) {
-            Some(primitive) => {
-                let mut values = f32_values(&primitive).to_vec();
-                activation.apply_to(&mut values);
-                tensor(values, z.dims())
-            }
-            None => activation.apply(z),
+        match contiguous(&z) {
+            Some(p) if p.dtype() == DType::F32 => activated::<f32>(&p, activation),
+            Some(p) if p.dtype() == DType::F64 => activated::<f64>(&p, activation),
+            Some(p) if p.dtype() == DType::F16 => activated::<f16>(&p, activation),
+            Some(p) if p.dtype() == DType::BF16 => activated::<bf16>(&p, activation),
+            _ => activation.apply(z),
         }
     }
 
@@ -73,10 +74,11 @@ impl SketchBackend for Flex {
         grad_output: Tensor<Self, 2>,
         activation: Activation,
     ) -> Tensor<Self, 2> {
-        match (contiguous_f32(&kept), contiguous_f32(&grad_output)) {
+        let f32_of = |t: &Tensor<Self, 2>| contiguous(t).filter(|p| p.dtype() == DType::F32);
+        match (f32_of(&kept), f32_of(&grad_output)) {
             (Some(kept), Some(grad)) => {
-                let mut grad = f32_values(&grad).to_vec();
-                activation.backward_to(f32_values(&kept), &mut grad);
+                let mut grad = contiguous_values::<f32>(&grad).to_vec();
+                activation.backward_to(contiguous_values::<f32>(&kept), &mut grad);
                 tensor(grad, grad_output.dims())
             }
             _ => burn_activation_backward(kept, grad_output, activation),
@@ -399,61 +401,47 @@ fn product_into<E: Element>(
         });
 }
 
-/// `dst = f(lhs·rhs)` for a row-major `dst`, `f` applied to each tile of `dst` right after its
-/// product writes it.
+/// `dst = f(lhs·rhs)` for a row-major `dst`: the product as [`product`] computes it, then `f`
+/// over each thread's block of rows, one vectorised loop ([`Element::activate`]).
 ///
-/// Why tiles: a second pass over a `y` larger than the cache (`256 × 4096` `f32` is 4 MiB)
-/// reads it all back from memory. Each thread takes a contiguous block of rows and walks it
-/// in tiles of at most [`TILE_ELEMENTS`], one single-threaded `gemm` call per tile, so the
-/// activation reads values its own product has just written.
+/// Why not inside the product's tiles: `gemm` has no epilogue, so that takes one `gemm` call
+/// per cache-sized tile. Measured on the bench's points (`--activation`), that was no faster
+/// than this (a `256 × 8192` `f32` output is 8 MiB, which Zen 4's L3 holds, so the pass
+/// reads it from L3), and its other summation order made the untracked forward differ from
+/// the tracked one, which takes [`product`] (segment checkpointing replays a segment
+/// tracked and needs the same values).
 fn activated_product<E: Element>(
     dst: &mut [E],
     lhs: Matrix<'_, E>,
     rhs: Matrix<'_, E>,
     activation: Activation,
 ) {
-    /// A tile's elements: 512 KiB of `f32`, half of a Zen 4 or Sapphire Rapids core's L2.
-    const TILE_ELEMENTS: usize = 1 << 17;
-    const MAX_TILE_ROWS: usize = 256;
-    let ([m, _], [_, n]) = (lhs.shape(), rhs.shape());
-    if m == 0 || n == 0 {
-        return;
-    }
-    let block_rows = m.div_ceil(rayon::current_num_threads()).max(1);
-    let tile_rows = block_rows.min(MAX_TILE_ROWS);
-    // Whole 64-column panels (the kernels' widest), the last tile taking what is left.
-    let tile_cols = ((TILE_ELEMENTS / tile_rows) / 64 * 64).clamp(64, n.next_multiple_of(64));
-    dst.par_chunks_mut(block_rows * n)
-        .enumerate()
-        .for_each(|(block, rows)| {
-            let first_row = block * block_rows;
-            for (tile, rows) in rows.chunks_mut(tile_rows * n).enumerate() {
-                let count = rows.len() / n;
-                let lhs = lhs.rows(first_row + tile * tile_rows, count);
-                for col in (0..n).step_by(tile_cols) {
-                    let width = tile_cols.min(n - col);
-                    let out = &mut rows[col..];
-                    let rhs = rhs.cols(col, width);
-                    (E::GEMM)(out, n, lhs, rhs, E::ONE, false, gemm::Parallelism::None);
-                    for row in out.chunks_mut(n) {
-                        E::activate(&mut row[..width], activation);
-                    }
-                }
-            }
-        });
+    product(dst, lhs, rhs, E::ONE, false);
+    let rows = lhs.shape()[0].div_ceil(rayon::current_num_threads()).max(1);
+    let n = rhs.shape()[1];
+    dst.par_chunks_mut(rows * n.max(1))
+        .for_each(|block| E::activate(block, activation));
 }
 
-/// The primitive of an `f32` tensor stored contiguously; `None` for any other.
-fn contiguous_f32(tensor: &Tensor<Flex, 2>) -> Option<FlexTensor> {
+/// The primitive of a tensor stored contiguously; `None` for a strided one.
+fn contiguous(tensor: &Tensor<Flex, 2>) -> Option<FlexTensor> {
     let primitive = tensor.clone().into_primitive().tensor();
-    (primitive.dtype() == DType::F32 && primitive.layout().is_contiguous()).then_some(primitive)
+    primitive.layout().is_contiguous().then_some(primitive)
 }
 
-/// The values of a [`contiguous_f32`] primitive, in order.
-fn f32_values(primitive: &FlexTensor) -> &[f32] {
+/// The values of a [`contiguous`] primitive of element type `E`, in order.
+fn contiguous_values<E: Element>(primitive: &FlexTensor) -> &[E] {
     let layout = primitive.layout();
     let start = layout.start_offset();
-    &primitive.storage::<f32>()[start..start + layout.num_elements()]
+    &E::storage(primitive)[start..start + layout.num_elements()]
+}
+
+/// `activation` of a contiguous primitive of element type `E`, as a new tensor.
+fn activated<E: Element>(z: &FlexTensor, activation: Activation) -> Tensor<Flex, 2> {
+    let mut values = contiguous_values::<E>(z).to_vec();
+    E::activate(&mut values, activation);
+    let [rows, cols] = [z.layout().shape()[0], z.layout().shape()[1]];
+    tensor(values, [rows, cols])
 }
 
 /// A contiguous Flex tensor of `shape` over `values`.
@@ -475,7 +463,7 @@ fn values<E: Element>(tensor: &FlexTensor) -> Vec<E> {
 /// `y = f(α·(x·A)·B + bias)` as two products: `P = α·x·A`, then `y = P·B`, with the bias as
 /// one more rank of the second product (`[P | 1]·[B; bias]`), so that `y` is written once, by
 /// `gemm`, rather than filled with the bias and then read back (or added in a second pass),
-/// and `f` applied tile by tile as it is written ([`activated_product`]).
+/// then `f` ([`activated_product`]).
 fn forward<E: Element>(operands: &Operands, activation: Activation) -> Tensor<Flex, 2> {
     let (terms, d_input, k, d_output) = operands.dims();
     let rank = 2 * terms * k;
