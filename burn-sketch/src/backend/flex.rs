@@ -75,9 +75,18 @@ impl SketchBackend for Flex {
         activation: Activation,
     ) -> Tensor<Self, 2> {
         let f32_of = |t: &Tensor<Self, 2>| contiguous(t).filter(|p| p.dtype() == DType::F32);
-        match (f32_of(&kept), f32_of(&grad_output)) {
-            (Some(kept), Some(grad)) => {
-                let mut grad = contiguous_values::<f32>(&grad).to_vec();
+        let is_f32 = grad_output.dtype() == DType::F32;
+        match (f32_of(&kept), is_f32) {
+            (Some(kept), true) => {
+                // `∂y` is often a broadcast (the gradient of a sum): read it into order.
+                let mut grad = match f32_of(&grad_output) {
+                    Some(grad) => contiguous_values::<f32>(&grad).to_vec(),
+                    None => grad_output
+                        .clone()
+                        .into_data()
+                        .into_vec::<f32>()
+                        .expect("f32"),
+                };
                 activation.backward_to(contiguous_values::<f32>(&kept), &mut grad);
                 tensor(grad, grad_output.dims())
             }
@@ -183,12 +192,20 @@ element!(
     activate_half::<bf16>
 );
 
-/// `activation` of half-precision values, through `f32` in chunks that stay in L1: the
-/// conversions and [`Activation::apply_to`] each a vectorised loop.
+/// `activation` of half-precision values: ReLU on the values themselves, others through
+/// `f32` in chunks that stay in L1 (the conversions and [`Activation::apply_to`] each a
+/// vectorised loop).
 fn activate_half<T>(values: &mut [T], activation: Activation)
 where
     [T]: HalfFloatSliceExt,
 {
+    if activation == Activation::Relu {
+        // On the bits: a set sign bit (bit 15 of both half types) becomes +0.
+        let bits: &mut [u16] = values.reinterpret_cast_mut();
+        bits.iter_mut()
+            .for_each(|b| *b = if *b & 0x8000 != 0 { 0 } else { *b });
+        return;
+    }
     let mut buffer = [0.0f32; 256];
     for chunk in values.chunks_mut(buffer.len()) {
         let wide = &mut buffer[..chunk.len()];
@@ -434,6 +451,20 @@ fn contiguous_values<E: Element>(primitive: &FlexTensor) -> &[E] {
     let layout = primitive.layout();
     let start = layout.start_offset();
     &E::storage(primitive)[start..start + layout.num_elements()]
+}
+
+/// The values of a strided rank-2 `f32` primitive (a broadcast included: zero strides), in
+/// row-major order.
+fn strided_f32(primitive: &FlexTensor) -> Vec<f32> {
+    let layout = primitive.layout();
+    let (rows, cols, row_stride, col_stride) = layout.as_2d_strides().expect("a rank-2 tensor");
+    let (data, start) = (primitive.storage::<f32>(), layout.start_offset() as isize);
+    let mut values = Vec::with_capacity(rows * cols);
+    for i in 0..rows as isize {
+        let row = start + i * row_stride;
+        values.extend((0..cols as isize).map(|j| data[(row + j * col_stride) as usize]));
+    }
+    values
 }
 
 /// `activation` of a contiguous primitive of element type `E`, as a new tensor.

@@ -463,43 +463,51 @@ pub fn fused_activation_trains_like_unfused<B: AutodiffBackend + SketchBackend>(
         let g = Tensor::<B, 2>::random([rows, d_out], Distribution::Default, device);
         for activation in ACTIVATIONS {
             let what = format!("n={rows} d_in={d_in} d_out={d_out} T={t} k={k} {activation:?}");
-            let run = |fused: bool| {
-                let x = x.clone().require_grad();
-                let y = if fused {
-                    layer.forward_activated(x.clone(), activation)
-                } else {
-                    activation.apply(layer.forward(x.clone()))
+            // `∂y` dense (`y·g`), and a broadcast (the gradient of a plain sum).
+            for weighted in [true, false] {
+                let run = |fused: bool| {
+                    let x = x.clone().require_grad();
+                    let y = if fused {
+                        layer.forward_activated(x.clone(), activation)
+                    } else {
+                        activation.apply(layer.forward(x.clone()))
+                    };
+                    let loss = if weighted {
+                        (y.clone() * g.clone()).sum()
+                    } else {
+                        y.clone().sum()
+                    };
+                    let grads = loss.backward();
+                    let bias = layer.bias.as_ref().expect("a bias");
+                    (
+                        y.inner().into_data(),
+                        [
+                            x.grad(&grads).unwrap().into_data(),
+                            layer.s1s.grad(&grads).unwrap().into_data(),
+                            layer.s2s.grad(&grads).unwrap().into_data(),
+                            bias.grad(&grads).unwrap().into_data(),
+                        ],
+                    )
                 };
-                let grads = (y.clone() * g.clone()).sum().backward();
-                let bias = layer.bias.as_ref().expect("a bias");
-                (
-                    y.inner().into_data(),
-                    [
-                        x.grad(&grads).unwrap().into_data(),
-                        layer.s1s.grad(&grads).unwrap().into_data(),
-                        layer.s2s.grad(&grads).unwrap().into_data(),
-                        bias.grad(&grads).unwrap().into_data(),
-                    ],
-                )
-            };
-            let (y_fused, grads_fused) = run(true);
-            let (y_plain, grads_plain) = run(false);
-            assert_close(y_fused, y_plain.clone(), &format!("y {what}"));
-            for (name, (a, e)) in ["∂x", "∂S1s", "∂S2s", "∂bias"]
-                .iter()
-                .zip(grads_fused.into_iter().zip(grads_plain))
-            {
-                assert_close(a, e, &format!("{name} {what}"));
+                let (y_fused, grads_fused) = run(true);
+                let (y_plain, grads_plain) = run(false);
+                assert_close(y_fused, y_plain.clone(), &format!("y {what}"));
+                for (name, (a, e)) in ["∂x", "∂S1s", "∂S2s", "∂bias"]
+                    .iter()
+                    .zip(grads_fused.into_iter().zip(grads_plain))
+                {
+                    assert_close(a, e, &format!("{name} {what} weighted={weighted}"));
+                }
+                // Untracked (inference): the fused forward alone.
+                let untracked = layer
+                    .valid()
+                    .forward_activated(x.clone().inner(), activation);
+                assert_close(
+                    untracked.into_data(),
+                    y_plain,
+                    &format!("untracked y {what}"),
+                );
             }
-            // Untracked (inference): the fused forward alone.
-            let untracked = layer
-                .valid()
-                .forward_activated(x.clone().inner(), activation);
-            assert_close(
-                untracked.into_data(),
-                y_plain,
-                &format!("untracked y {what}"),
-            );
         }
     }
 }
