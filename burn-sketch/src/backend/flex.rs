@@ -78,7 +78,7 @@ impl SketchBackend for Flex {
         let is_f32 = grad_output.dtype() == DType::F32;
         match (f32_of(&kept), is_f32) {
             (Some(kept), true) => {
-                // `∂y` is often a broadcast (the gradient of a sum): read it into order.
+                // `∂y` is often a broadcast (the gradient of a sum): Burn reads it into order.
                 let mut grad = match f32_of(&grad_output) {
                     Some(grad) => contiguous_values::<f32>(&grad).to_vec(),
                     None => grad_output
@@ -451,20 +451,6 @@ fn contiguous_values<E: Element>(primitive: &FlexTensor) -> &[E] {
     let layout = primitive.layout();
     let start = layout.start_offset();
     &E::storage(primitive)[start..start + layout.num_elements()]
-}
-
-/// The values of a strided rank-2 `f32` primitive (a broadcast included: zero strides), in
-/// row-major order.
-fn strided_f32(primitive: &FlexTensor) -> Vec<f32> {
-    let layout = primitive.layout();
-    let (rows, cols, row_stride, col_stride) = layout.as_2d_strides().expect("a rank-2 tensor");
-    let (data, start) = (primitive.storage::<f32>(), layout.start_offset() as isize);
-    let mut values = Vec::with_capacity(rows * cols);
-    for i in 0..rows as isize {
-        let row = start + i * row_stride;
-        values.extend((0..cols as isize).map(|j| data[(row + j * col_stride) as usize]));
-    }
-    values
 }
 
 /// `activation` of a contiguous primitive of element type `E`, as a new tensor.
