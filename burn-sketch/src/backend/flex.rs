@@ -55,7 +55,7 @@ impl SketchBackend for Flex {
         }
     }
 
-    /// The loops of the fused forward ([`Element::activate`]), so that a tracked forward
+    /// The loops of the fused forward (`Element::activate`), so that a tracked forward
     /// computes the same values as an untracked one.
     fn activate(z: Tensor<Self, 2>, activation: Activation) -> Tensor<Self, 2> {
         match contiguous(&z) {
