@@ -9,8 +9,9 @@ use burn::tensor::backend::Backend;
 ///
 /// Why in the product: an activation after a layer is one more pass over its `n × d_out`
 /// output, which the product has just written and which, for a transformer's MLP, is the
-/// largest tensor of the block. Applied as each tile of the output is written (the CPU paths)
-/// or as each element is stored (the CubeCL kernels), it costs no memory traffic.
+/// largest tensor of the block. Applied as each element is stored (the CubeCL and `int8`
+/// kernels) it costs no memory traffic; Flex applies it right after its product, on the same
+/// threads (see the book's *Backends and kernels* for why).
 ///
 /// [`SkLinear::forward_activated`](crate::SkLinear::forward_activated) takes one; under
 /// `Autodiff` the backward applies its derivative before the product's own (see
@@ -67,7 +68,7 @@ impl Activation {
             unsafe { apply_to_avx512(self, values) };
             return;
         }
-        apply_to_any(self, values);
+        apply_each(self, values);
     }
 
     /// The backward of [`apply_to`](Self::apply_to), in place: `grad ← f'(z)·grad`, from
@@ -110,11 +111,6 @@ impl Activation {
             Activation::Gelu => burn_sketch_kernels::Activation::Gelu,
         }
     }
-}
-
-/// [`Activation::apply_to`] for any CPU: baseline vector instructions.
-fn apply_to_any(activation: Activation, values: &mut [f32]) {
-    apply_each(activation, values);
 }
 
 /// [`Activation::apply_to`] compiled for AVX-512: sixteen values per instruction.

@@ -11,8 +11,8 @@
 //! With an [`Activation`], the node also keeps what the activation's derivative needs: the
 //! output for ReLU (whose derivative is `y > 0`), so the forward stays fused; the
 //! pre-activation for GELU (whose output does not determine its input), so a tracked GELU
-//! forward is the product, then Burn's `gelu`, as an unfused layer would keep it. Untracked
-//! (inference) forwards are fused for both.
+//! forward is the product, then [`SketchBackend::activate`], as an unfused layer would keep
+//! it. Untracked (inference) forwards are fused for both.
 
 use burn::tensor::Tensor;
 use burn::tensor::ops::FloatTensor;

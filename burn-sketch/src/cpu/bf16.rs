@@ -55,9 +55,8 @@ mod sealed {
 /// columns).
 ///
 /// # Panics
-/// If the inner dimensions differ, `stride < rhs.cols`, or `dst` is shorter than
-/// `lhs.rows` rows of `stride` (the last needing only `rhs.cols`: a `dst` may start at a
-/// column of a wider matrix).
+/// If the inner dimensions differ or `dst` is not `lhs.rows × stride` with
+/// `stride ≥ rhs.cols`.
 ///
 /// ```
 /// use burn_sketch::cpu::{MatRef, bf16};
@@ -81,8 +80,8 @@ pub fn matmul<O: Output>(
     let ([m, k], [k2, n]) = (lhs.shape(), rhs.shape());
     assert_eq!(k, k2, "inner dimensions: {m}×{k} by {k2}×{n}");
     assert!(
-        n <= stride && super::fits(dst.len(), m, n, stride),
-        "a destination of {m} rows of {n} values, {stride} apart, has {} elements",
+        n <= stride && dst.len() == m * stride,
+        "a {m}×{stride} destination (stride ≥ {n}) has {} elements",
         dst.len()
     );
     if m == 0 || n == 0 {
@@ -91,7 +90,7 @@ pub fn matmul<O: Output>(
     #[cfg(target_arch = "x86_64")]
     if features().avx512_bf16 {
         // SAFETY: AVX512-BF16 (with F, BW, VL, DQ) was detected; `dst` holds `m` rows of
-        // `n ≤ stride` values, `stride` apart and both views were bounds-checked when made.
+        // `stride ≥ n` elements and both views were bounds-checked when made.
         unsafe { avx512::matmul(dst, stride, lhs, rhs, alpha, accumulate, parallel) };
         return;
     }
@@ -131,8 +130,7 @@ fn portable<O: Output>(
         false,
         parallelism,
     );
-    // `chunks_mut`: the last row may be only `n` long (see `fits`).
-    for (row, values) in dst.chunks_mut(stride).zip(product.chunks_exact(n)) {
+    for (row, values) in dst.chunks_exact_mut(stride).zip(product.chunks_exact(n)) {
         for (out, &value) in row.iter_mut().zip(values) {
             let base = if accumulate { out.to_f32() } else { 0.0 };
             *out = O::from_f32(base + alpha * value);

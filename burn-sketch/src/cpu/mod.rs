@@ -170,10 +170,10 @@ pub(crate) fn gemm<T: GemmElement>(
     parallelism: gemm::Parallelism,
 ) {
     let ([m, k], [k2, n]) = (lhs.shape(), rhs.shape());
-    assert!(k2 == k && n <= stride && fits(dst.len(), m, n, stride));
+    assert!(k2 == k && n <= stride && dst.len() == m * stride);
     let (lhs_ptr, lhs_row, lhs_col) = lhs.raw_parts();
     let (rhs_ptr, rhs_row, rhs_col) = rhs.raw_parts();
-    // SAFETY: `dst` holds m rows of `n ≤ stride` values, `stride` apart (`fits`), and `MatRef::strided` checked that
+    // SAFETY: `dst` holds m rows of `stride ≥ n` elements and `MatRef::strided` checked that
     // every element of both views lies inside its buffer; `gemm` dispatches on `T` (f32, f64,
     // f16).
     unsafe {
@@ -199,12 +199,6 @@ pub(crate) fn gemm<T: GemmElement>(
             parallelism,
         );
     }
-}
-
-/// Whether a destination of `len` elements holds `m` rows of `n` values, `stride` apart: the
-/// last row needs only its `n` (a destination may start at a column of a wider matrix).
-pub(crate) fn fits(len: usize, m: usize, n: usize, stride: usize) -> bool {
-    m == 0 || len >= (m - 1) * stride + n
 }
 
 /// `(MR, NR)`: the output tile of both kernels for a product `n` columns wide, rows by
