@@ -13,12 +13,14 @@
 //!   headless Chromium too).
 //! - `profile-viewer`: writes burn-memory's HTML profile viewer for a profiled MLP step and a
 //!   synthetic 100 000-allocation profile, and checks in headless Chromium that it draws.
-//! - `profiled-ops`: generates `burn-memory/src/profile/ops.rs`, the forwarding of Burn's
-//!   operation traits for burn-memory's profiling backend, from burn-backend's sources.
+//! - `backend-ops`: generates the forwarding of Burn's operation traits for the project's
+//!   backend decorators (burn-memory's `Profiled<B>`, burn-sketch's `HalfFlex`), from
+//!   burn-backend's sources.
 //!
 //! The binary also runs on its own (`target/release/xtask bench ...`), so it can be copied to a
 //! machine without cargo.
 
+mod backend_ops;
 mod bench;
 mod book;
 mod overhead;
@@ -26,7 +28,6 @@ mod overhead;
 #[path = "../../testing/own_process.rs"]
 mod own_process;
 mod products;
-mod profiled_ops;
 mod profiler_cost;
 mod viewer;
 
@@ -58,8 +59,8 @@ enum Task {
     Book(book::BookArgs),
     /// Count kernel launches and buffer reservations per call of SkLinear and dense Linear.
     Overhead(overhead::OverheadArgs),
-    /// Generate burn-memory's profiling backend's forwarding of Burn's operation traits.
-    ProfiledOps,
+    /// Generate the backend decorators' forwarding of Burn's operation traits.
+    BackendOps,
     /// Write the HTML profile viewer for a real and a synthetic profile; check it in Chromium.
     ProfileViewer(viewer::ViewerArgs),
     /// Time an MNIST training step with and without burn-memory's profiler recording.
@@ -117,10 +118,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Task::ProfiledOps => match profiled_ops::run() {
+        Task::BackendOps => match backend_ops::run() {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
-                eprintln!("profiled-ops failed: {err:#}");
+                eprintln!("backend-ops failed: {err:#}");
                 ExitCode::FAILURE
             }
         },

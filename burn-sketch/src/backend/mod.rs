@@ -10,6 +10,7 @@
 //! |---|---|---|
 //! | `NdArray` | `ndarray` | its own: direct matrix products on the arrays |
 //! | `Flex` | `flex` | its own: `gemm` calls on the buffers, scale, bias and activation fused |
+//! | [`HalfFlex`](crate::cpu::HalfFlex) | `flex` | Flex's |
 //! | every `CubeBackend` (`Wgpu`, `Cuda`, `Rocm`, ...) | `cubecl` (`wgpu`, `cuda`) | the `burn-sketch-kernels` kernels (activation in their output pass) or the tensor-op path, by [`KernelStrategy`] |
 //! | `Fusion<B>` | `fusion` | one custom operation in the fusion stream, running `B`'s |
 //! | `Profiled<B>` (burn-memory's profiler) | `profile` | `B`'s, recorded as one operation |
@@ -30,6 +31,8 @@ mod flex;
 #[cfg(feature = "fusion")]
 mod fusion;
 mod gradients;
+#[cfg(feature = "flex")]
+mod half_flex;
 #[cfg(feature = "ndarray")]
 mod ndarray;
 #[cfg(feature = "profile")]

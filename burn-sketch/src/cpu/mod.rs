@@ -21,10 +21,14 @@
 
 pub mod bf16;
 mod detect;
+#[cfg(feature = "flex")]
+mod half_flex;
 pub mod int8;
 pub mod peak;
 
 pub use detect::{Features, features};
+#[cfg(feature = "flex")]
+pub use half_flex::HalfFlex;
 
 /// A strided, read-only matrix of `T`, in elements: row `i`, column `j` is at
 /// `offset + i·row_stride + j·col_stride` of `data`.

@@ -1,23 +1,24 @@
-//! `cargo xtask profiled-ops`: generates `burn-memory/src/profile/ops.rs`, the forwarding of
-//! Burn's operation traits (`FloatTensorOps`, `IntTensorOps`, `BoolTensorOps`, `ModuleOps`,
-//! `ActivationOps`, `QTensorOps`) for burn-memory's profiling backend `Profiled<B>`.
+//! `cargo xtask backend-ops`: generates the forwarding of Burn's operation traits
+//! (`FloatTensorOps`, `IntTensorOps`, `BoolTensorOps`, `ModuleOps`, `ActivationOps`,
+//! `QTensorOps`) for the project's two backend decorators ([`TARGETS`]): burn-memory's
+//! profiling backend `Profiled<B>` and burn-sketch's `HalfFlex`.
 //!
-//! Why generated: `Profiled<B>` must forward every method of these traits to `B`'s, those
-//! with a default implementation included. A method left to its default would decompose the
-//! operation into others (`float_neg` into a multiplication, `conv1d` into a `conv2d`) and so
-//! bypass `B`'s own kernel: the profile would show operations `B` never runs, and the
-//! profiled model would compute differently. The traits hold 417 methods in burn-backend
-//! 0.21.0 and change between Burn releases; written by hand, a forgotten method compiles
-//! silently (it has a default). So the forwarding is generated from burn-backend's own sources, found through
-//! `cargo metadata`: every `fn` of the six traits, with its signature (the trait's backend
-//! parameter `B` becomes `Self`, whose associated types are `B`'s), a body that records the
-//! call around `B`'s method, and the tensors it reads and writes described for the record.
+//! Why generated: a decorator must forward every method of these traits to its inner
+//! backend's, those with a default implementation included. A method left to its default would
+//! decompose the operation into others (`float_neg` into a multiplication, `conv1d` into a
+//! `conv2d`) and so bypass the inner backend's own kernel: a profile would show operations the
+//! backend never runs, and the decorated model would compute differently. The traits hold 417
+//! methods in burn-backend 0.21.0 and change between Burn releases; written by hand, a
+//! forgotten method compiles silently (it has a default). So the forwarding is generated from
+//! burn-backend's own sources, found through `cargo metadata`: every `fn` of the six traits,
+//! with its signature (the trait's backend parameter becomes `Self`, whose associated types
+//! are the inner backend's) and a body that depends on the target ([`Body`]).
 //!
 //! The test `generated_forwarding_is_current` runs the generator and compares its output with
-//! the committed file byte for byte, so a Burn upgrade or a change here that is not
+//! the committed files byte for byte, so a Burn upgrade or a change here that is not
 //! regenerated fails `cargo test -p xtask`; another test checks that every trait method was
-//! emitted. The generator reads nothing of burn-memory, but xtask links it: after a Burn
-//! upgrade that breaks the generated file, build the generator with burn-memory's `profile`
+//! emitted. The generator reads nothing of burn-memory or burn-sketch, but xtask links both:
+//! after a Burn upgrade that breaks a generated file, build the generator with the decorator's
 //! module left out, or from a copy of this file in a crate of its own.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -55,8 +56,171 @@ const TRAIT_FILES: [&str; 5] = [
 /// The folder whose every file is searched too (`ModuleOps` is in its `base.rs`).
 const TRAIT_DIR: &str = "backend/ops/modules";
 
-/// The generated file, relative to the workspace root.
-pub const OUTPUT: &str = "burn-memory/src/profile/ops.rs";
+/// A backend decorator whose operation traits are generated.
+pub struct Target {
+    /// The generated file, relative to the workspace root.
+    pub output: &'static str,
+    /// The implementing type and its impl generics (`impl<B: Backend> … for Profiled<B>`).
+    implementor: &'static str,
+    generics: &'static str,
+    /// The file's doc comment, before the lines on how it is generated.
+    doc: &'static str,
+    /// `use` lines of the file's own crate.
+    uses: &'static str,
+    body: Body,
+}
+
+/// What each generated method does.
+enum Body {
+    /// Records the call around `B`'s method (`Profiled<B>`).
+    Record,
+    /// Calls the method of the backend named `to` (defined in `package`) where that backend
+    /// implements the method itself; a method it leaves to the trait's default is left to the
+    /// default here too, so that its decomposition runs on this backend's operations (Burn's
+    /// `linear` on this backend's `float_matmul`). The `via_f32` methods, given a float
+    /// tensor in a half-precision type (`super::half_dtype`), run `to`'s method on `f32`
+    /// copies of their float tensors (`super::to_f32`) and round a float output back
+    /// (`super::from_f32`); the `own` methods call the parent module's function of the same
+    /// name.
+    Forward {
+        to: &'static str,
+        package: &'static str,
+        via_f32: &'static [&'static str],
+        own: &'static [&'static str],
+    },
+}
+
+/// The generated files.
+pub const TARGETS: [Target; 2] = [
+    Target {
+        output: "burn-memory/src/profile/ops.rs",
+        implementor: "Profiled<B>",
+        generics: "<B: Backend>",
+        doc: "//! The forwarding of Burn's operation traits for [`Profiled<B>`]: every method calls `B`'s\n\
+              //! and records the call ([`Call`]), with the tensors it reads and writes.\n",
+        uses: "use super::backend::Profiled;\nuse super::record::{Call, desc};\n",
+        body: Body::Record,
+    },
+    Target {
+        output: "burn-sketch/src/cpu/half_flex/ops.rs",
+        implementor: "HalfFlex",
+        generics: "",
+        doc: "//! The forwarding of Burn's operation traits for [`HalfFlex`]: every method calls Flex's,\n\
+              //! except that the arithmetic of half-precision tensors runs as `f32` (converted by\n\
+              //! [`to_f32`](super::to_f32), rounded back by [`from_f32`](super::from_f32)) and that\n\
+              //! the parent module writes `float_matmul` and `float_cast` itself. A method that Flex\n\
+              //! leaves to the trait's default is left to it here too, so that its decomposition\n\
+              //! runs on `HalfFlex`'s operations (Burn's `linear` on its `float_matmul`).\n",
+        uses: "use burn::backend::Flex;\n\nuse super::HalfFlex;\n",
+        body: Body::Forward {
+            to: "Flex",
+            package: "burn-flex",
+            via_f32: HALF_VIA_F32,
+            own: &["float_matmul", "float_cast"],
+        },
+    },
+];
+
+/// The operations `HalfFlex` runs in `f32` for `bf16` and `f16` tensors: arithmetic,
+/// reductions, comparisons and activations, which Flex 0.21 computes one value at a time
+/// through `half`'s scalar conversions. Operations that only move values (reshape, slice,
+/// gather, cat, mask, …) are Flex's, in any type.
+const HALF_VIA_F32: &[&str] = &[
+    "float_add",
+    "float_add_scalar",
+    "float_clamp_min",
+    "float_clamp_max",
+    "float_clamp",
+    "float_sub",
+    "float_sub_scalar",
+    "float_mul",
+    "float_mul_scalar",
+    "float_div",
+    "float_div_scalar",
+    "float_remainder",
+    "float_remainder_scalar",
+    "float_cross",
+    "float_neg",
+    "float_recip",
+    "float_equal",
+    "float_not_equal",
+    "float_equal_elem",
+    "float_not_equal_elem",
+    "float_greater",
+    "float_greater_elem",
+    "float_greater_equal",
+    "float_greater_equal_elem",
+    "float_lower",
+    "float_lower_elem",
+    "float_lower_equal",
+    "float_lower_equal_elem",
+    "float_sum",
+    "float_sum_dim",
+    "float_prod",
+    "float_prod_dim",
+    "float_mean",
+    "float_mean_dim",
+    "float_cumsum",
+    "float_cumprod",
+    "float_cummin",
+    "float_cummax",
+    "float_exp",
+    "float_log",
+    "float_log1p",
+    "float_powf",
+    "float_powi",
+    "float_powi_scalar",
+    "float_powf_scalar",
+    "float_sqrt",
+    "float_abs",
+    "float_cos",
+    "float_sin",
+    "float_tan",
+    "float_cosh",
+    "float_sinh",
+    "float_tanh",
+    "float_acos",
+    "float_acosh",
+    "float_asin",
+    "float_asinh",
+    "float_atan",
+    "float_atanh",
+    "float_atan2",
+    "float_round",
+    "float_floor",
+    "float_ceil",
+    "float_trunc",
+    "float_erf",
+    "float_argmax",
+    "float_argmin",
+    "float_max",
+    "float_max_dim",
+    "float_min",
+    "float_min_dim",
+    "float_max_abs",
+    "float_max_abs_dim",
+    "float_any",
+    "float_any_dim",
+    "float_all",
+    "float_all_dim",
+    "float_sign",
+    "float_is_nan",
+    "float_is_inf",
+    "leaky_relu",
+    "relu",
+    "relu_backward",
+    "gelu",
+    "prelu",
+    "gelu_backward",
+    "sigmoid",
+    "sigmoid_backward",
+    "hard_sigmoid",
+    "log_sigmoid",
+    "softmax",
+    "log_softmax",
+    "softmin",
+    "log_sigmoid_backward",
+];
 
 /// Names in the Rust 2024 prelude (and primitive types): never imported.
 const PRELUDE: &[&str] = &[
@@ -280,32 +444,102 @@ pub struct Generated {
     pub counts: Vec<(String, usize)>,
     /// Methods each trait declares, per trait, as read from its source.
     pub declared: Vec<(String, Vec<String>)>,
+    /// Methods left to the trait's default, per trait ([`Body::Forward`]).
+    pub defaulted: Vec<(String, Vec<String>)>,
 }
 
-/// Runs `cargo xtask profiled-ops`: writes the file and prints the method counts.
+/// The `(trait, method)` pairs that `package` implements itself for its type `to`: the `fn`s
+/// of its `impl Trait<To> for To` blocks, in every source file.
+fn own_methods(root: &Path, package: &str, to: &str) -> Result<BTreeSet<(String, String)>> {
+    let (src, _) = package_src(root, package)?;
+    let mut found = BTreeSet::new();
+    let mut stack = vec![src];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("{}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|ext| ext != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("could not read {}", path.display()))?;
+            let ast = syn::parse_file(&text)
+                .with_context(|| format!("could not parse {}", path.display()))?;
+            collect_own(&ast.items, to, &mut found);
+        }
+    }
+    ensure!(
+        !found.is_empty(),
+        "{package} implements no operation trait for {to}"
+    );
+    Ok(found)
+}
+
+fn collect_own(items: &[Item], to: &str, found: &mut BTreeSet<(String, String)>) {
+    for item in items {
+        match item {
+            Item::Impl(block) => {
+                let Some((_, path, _)) = &block.trait_ else {
+                    continue;
+                };
+                let trait_name = path.segments.last().expect("a path").ident.to_string();
+                let for_to = matches!(&*block.self_ty, Type::Path(p)
+                    if p.path.segments.last().is_some_and(|s| s.ident == to));
+                if !for_to || !TRAITS.contains(&trait_name.as_str()) {
+                    continue;
+                }
+                for item in &block.items {
+                    if let syn::ImplItem::Fn(f) = item {
+                        found.insert((trait_name.clone(), f.sig.ident.to_string()));
+                    }
+                }
+            }
+            Item::Mod(module) => {
+                if let Some((_, items)) = &module.content {
+                    collect_own(items, to, found);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Runs `cargo xtask backend-ops`: writes the files and prints the method counts.
 pub fn run() -> Result<()> {
     let root = workspace_root();
-    let generated = generate(&root)?;
-    for ((name, count), (_, declared)) in generated.counts.iter().zip(&generated.declared) {
-        ensure!(
-            *count == declared.len(),
-            "{name}: {count} methods emitted, {} declared",
-            declared.len()
+    for target in &TARGETS {
+        let generated = generate(&root, target)?;
+        let per_trait = generated.counts.iter().zip(&generated.declared);
+        for (((name, count), (_, declared)), (_, left)) in per_trait.zip(&generated.defaulted) {
+            ensure!(
+                count + left.len() == declared.len(),
+                "{name}: {count} methods emitted and {} left to the default, {} declared",
+                left.len(),
+                declared.len()
+            );
+        }
+        let out = root.join(target.output);
+        std::fs::write(&out, &generated.code)
+            .with_context(|| format!("could not write {}", out.display()))?;
+        let total: usize = generated.counts.iter().map(|(_, count)| count).sum();
+        let left: usize = generated.defaulted.iter().map(|(_, left)| left.len()).sum();
+        println!(
+            "{}: {total} methods ({}), {left} left to the traits' defaults, from burn-backend {}, \
+             written to {}",
+            target.implementor,
+            generated
+                .counts
+                .iter()
+                .map(|(name, count)| format!("{name} {count}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            generated.version,
+            out.display()
         );
     }
-    let out = root.join(OUTPUT);
-    std::fs::write(&out, &generated.code)
-        .with_context(|| format!("could not write {}", out.display()))?;
-    let mut total = 0;
-    for (name, count) in &generated.counts {
-        println!("{name}: {count} methods");
-        total += count;
-    }
-    println!(
-        "total: {total} methods, from burn-backend {}, written to {}",
-        generated.version,
-        out.display()
-    );
     Ok(())
 }
 
@@ -318,14 +552,21 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// Generates the file's formatted text from the burn-backend that `root`'s workspace uses.
-pub fn generate(root: &Path) -> Result<Generated> {
+pub fn generate(root: &Path, target: &Target) -> Result<Generated> {
     let (src, version) = burn_backend_src(root)?;
     let krate = Crate::load(&src, version)?;
     let mut imports = Imports::default();
-    imports.add("Backend", vec!["burn_backend".into(), "Backend".into()])?;
+    if matches!(target.body, Body::Record) {
+        imports.add("Backend", vec!["burn_backend".into(), "Backend".into()])?;
+    }
+    let overridden = match target.body {
+        Body::Record => None,
+        Body::Forward { to, package, .. } => Some(own_methods(root, package, to)?),
+    };
     let mut impls = Vec::new();
     let mut counts = Vec::new();
     let mut declared = Vec::new();
+    let mut defaulted = Vec::new();
     let mut found = BTreeMap::new();
     for file in krate.files.values() {
         if !krate.is_trait_file(&file.module) {
@@ -350,7 +591,9 @@ pub fn generate(root: &Path) -> Result<Generated> {
         let (file, item) = found
             .get(name)
             .with_context(|| format!("trait {name} not found in burn-backend's sources"))?;
-        let (tokens, methods) = krate.trait_impl(file, item, &mut imports)?;
+        let (tokens, methods, left) =
+            krate.trait_impl(file, item, target, overridden.as_ref(), &mut imports)?;
+        defaulted.push((name.to_owned(), left));
         counts.push((name.to_owned(), methods.len()));
         impls.push(tokens);
         let names = item
@@ -364,31 +607,37 @@ pub fn generate(root: &Path) -> Result<Generated> {
         declared.push((name.to_owned(), names));
     }
     let header = format!(
-        "//! The forwarding of Burn's operation traits for [`Profiled<B>`]: every method calls `B`'s\n\
-         //! and records the call ([`Call`]), with the tensors it reads and writes.\n\
-         //!\n\
-         //! Generated by `cargo xtask profiled-ops` from burn-backend {}'s sources\n\
+        "{}//!\n\
+         //! Generated by `cargo xtask backend-ops` from burn-backend {}'s sources\n\
          //! (`src/backend/ops`). Do not edit by hand: change the generator\n\
-         //! (`xtask/src/profiled_ops.rs`) and run `cargo xtask profiled-ops` again;\n\
-         //! `cargo test -p xtask profiled` fails when this file is not what it writes.\n\n",
-        krate.version
+         //! (`xtask/src/backend_ops.rs`) and run `cargo xtask backend-ops` again;\n\
+         //! `cargo test -p xtask backend_ops` fails when this file is not what it writes.\n\n",
+        target.doc, krate.version
     );
     let unformatted = format!(
-        "{header}{}\nuse super::backend::Profiled;\nuse super::record::{{Call, desc}};\n\n{}",
+        "{header}{}\n{}\n{}",
         imports.text(),
+        target.uses,
         impls.join("\n")
     );
-    let code = rustfmt(&unformatted, root)?;
+    let code = rustfmt(&unformatted, &root.join(target.output))?;
     Ok(Generated {
         code,
         version: krate.version,
         counts,
         declared,
+        defaulted,
     })
 }
 
 /// burn-backend's `src` folder and version, from `cargo metadata`.
 fn burn_backend_src(root: &Path) -> Result<(PathBuf, String)> {
+    package_src(root, "burn-backend")
+}
+
+/// A package's `src` folder and version, from `cargo metadata` (the workspace must use
+/// exactly one version of it).
+fn package_src(root: &Path, name: &str) -> Result<(PathBuf, String)> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(cargo)
         .args(["metadata", "--format-version", "1"])
@@ -407,37 +656,36 @@ fn burn_backend_src(root: &Path) -> Result<(PathBuf, String)> {
         .as_array()
         .context("`cargo metadata` lists no packages")?
         .iter()
-        .filter(|package| package["name"] == "burn-backend")
+        .filter(|package| package["name"] == name)
         .collect();
     let [package] = packages.as_slice() else {
         bail!(
-            "the workspace should use exactly one burn-backend, it uses {}",
+            "the workspace should use exactly one {name}, it uses {}",
             packages.len()
         );
     };
     let manifest = package["manifest_path"]
         .as_str()
-        .context("burn-backend has no manifest_path")?;
+        .with_context(|| format!("{name} has no manifest_path"))?;
     let version = package["version"]
         .as_str()
-        .context("burn-backend has no version")?;
+        .with_context(|| format!("{name} has no version"))?;
     let src = Path::new(manifest)
         .parent()
-        .context("burn-backend's manifest path has no folder")?
+        .with_context(|| format!("{name}'s manifest path has no folder"))?
         .join("src");
     ensure!(
         src.is_dir(),
-        "burn-backend's sources are not at {} (run `cargo fetch`)",
+        "{name}'s sources are not at {} (run `cargo fetch`)",
         src.display()
     );
     Ok((src, version.to_owned()))
 }
 
-/// Formats `code` with `rustfmt --edition 2024`, run where the generated file lies (so that
-/// it finds the configuration `cargo fmt` would).
-fn rustfmt(code: &str, root: &Path) -> Result<String> {
-    let dir = root.join(OUTPUT);
-    let dir = dir.parent().expect("the output is in a folder");
+/// Formats `code` with `rustfmt --edition 2024`, run where the generated file `output` lies
+/// (so that it finds the configuration `cargo fmt` would).
+fn rustfmt(code: &str, output: &Path) -> Result<String> {
+    let dir = output.parent().expect("the output is in a folder");
     let mut child = Command::new("rustfmt")
         .args(["--edition", "2024"])
         .current_dir(dir)
@@ -760,8 +1008,10 @@ impl Crate {
         &self,
         file: &SourceFile,
         item: &syn::ItemTrait,
+        target: &Target,
+        overridden: Option<&BTreeSet<(String, String)>>,
         imports: &mut Imports,
-    ) -> Result<(String, Vec<String>)> {
+    ) -> Result<(String, Vec<String>, Vec<String>)> {
         let name = &item.ident;
         let param = single_type_param(&item.generics)
             .with_context(|| format!("trait {name} should have one type parameter"))?;
@@ -772,14 +1022,27 @@ impl Crate {
         self.import(file, &name.to_string(), name.to_string().as_str(), imports)?;
         let mut methods = Vec::new();
         let mut names = Vec::new();
+        let mut left = Vec::new();
         for trait_item in &item.items {
             match trait_item {
                 TraitItem::Fn(f) => {
+                    let method = f.sig.ident.to_string();
+                    if let (Some(overridden), Body::Forward { via_f32, own, .. }) =
+                        (overridden, &target.body)
+                        && f.default.is_some()
+                        && !overridden.contains(&(name.to_string(), method.clone()))
+                        && !via_f32.contains(&method.as_str())
+                        && !own.contains(&method.as_str())
+                    {
+                        left.push(method);
+                        continue;
+                    }
                     let ctx = MethodCtx {
                         krate: self,
                         file,
                         param: &param,
                         method: f.sig.ident.to_string(),
+                        body: &target.body,
                     };
                     methods.push(ctx.method(f, imports)?);
                     names.push(f.sig.ident.to_string());
@@ -793,10 +1056,12 @@ impl Crate {
         // Written as text so that a blank line separates the methods (rustfmt keeps it).
         let methods: Vec<String> = methods.iter().map(ToString::to_string).collect();
         let text = format!(
-            "impl<B: Backend> {name}<Self> for Profiled<B> {{\n{}\n}}\n",
+            "impl{} {name}<Self> for {} {{\n{}\n}}\n",
+            target.generics,
+            target.implementor,
             methods.join("\n\n")
         );
-        Ok((text, names))
+        Ok((text, names, left))
     }
 
     /// What a type holds, with `param` the backend's type parameter; an error where it
@@ -805,7 +1070,7 @@ impl Crate {
         let unsupported = || {
             anyhow::anyhow!(
                 "`{method}`: cannot forward the type `{}`: it mentions the backend `{param}` in a \
-                 way the generator does not convert (teach `xtask/src/profiled_ops.rs` to)",
+                 way the generator does not convert (teach `xtask/src/backend_ops.rs` to)",
                 ty.to_token_stream()
             )
         };
@@ -1153,6 +1418,7 @@ struct MethodCtx<'a> {
     /// The trait's backend parameter (`B`).
     param: &'a str,
     method: String,
+    body: &'a Body,
 }
 
 /// A parameter of the forwarded method.
@@ -1338,6 +1604,19 @@ impl MethodCtx<'_> {
         }
 
         let name = &sig.ident;
+        if let Body::Forward {
+            to, via_f32, own, ..
+        } = self.body
+        {
+            let body = self.forward_body(&params, &output, &sig, &turbofish, to, via_f32, own)?;
+            let sig = self.rewrite(sig.to_token_stream(), "Self")?;
+            return Ok(quote! {
+                #(#attrs)*
+                #sig {
+                    #body
+                }
+            });
+        }
         let name_str = name.to_string();
         let inputs = describe_closure(
             &params
@@ -1411,6 +1690,113 @@ impl MethodCtx<'_> {
             #sig {
                 #body
             }
+        })
+    }
+
+    /// The body of a [`Body::Forward`] method.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_body(
+        &self,
+        params: &[Param],
+        output: &Value,
+        sig: &syn::Signature,
+        turbofish: &TokenStream,
+        to: &str,
+        via_f32: &[&str],
+        own: &[&str],
+    ) -> Result<TokenStream> {
+        let method = &self.method;
+        let name = &sig.ident;
+        let args: Vec<_> = params.iter().map(|p| &p.ident).collect();
+        if own.contains(&method.as_str()) {
+            return Ok(quote!(super::#name #turbofish(#(#args),*)));
+        }
+        let to = Ident::new(to, Span::call_site());
+        let mut conversions = Vec::new();
+        for p in params.iter().filter(|p| p.value.needs_conversion()) {
+            let ident = &p.ident;
+            let ty = self.rewrite(p.ty.to_token_stream(), &to.to_string())?;
+            let value = convert(&p.value, ident.to_token_stream());
+            conversions.push(quote!(let #ident: #ty = #value;));
+        }
+        let forward = match output {
+            Value::Unit | Value::Future => quote! {
+                #(#conversions)*
+                #to::#name #turbofish(#(#args),*)
+            },
+            value if value.needs_conversion() => {
+                let ReturnType::Type(_, ty) = &sig.output else {
+                    unreachable!("a struct is returned");
+                };
+                let ty = self.rewrite(ty.to_token_stream(), "Self")?;
+                let converted = convert(value, quote!(out));
+                quote! {
+                    #(#conversions)*
+                    let out = #to::#name #turbofish(#(#args),*);
+                    let out: #ty = #converted;
+                    out
+                }
+            }
+            _ => quote! {
+                #(#conversions)*
+                #to::#name #turbofish(#(#args),*)
+            },
+        };
+        if !via_f32.contains(&method.as_str()) {
+            return Ok(forward);
+        }
+        // Half-precision float inputs run as f32; a float output is rounded back.
+        ensure!(
+            conversions.is_empty(),
+            "`{method}` is run via f32 but takes a value that is rebuilt for the inner backend"
+        );
+        let floats: Vec<_> = params
+            .iter()
+            .filter(|p| matches!(p.value, Value::Tensor(TensorKind::Float)))
+            .map(|p| &p.ident)
+            .collect();
+        ensure!(
+            !floats.is_empty(),
+            "`{method}` is run via f32 but takes no float tensor"
+        );
+        ensure!(
+            params.iter().all(|p| matches!(
+                p.value,
+                Value::Tensor(TensorKind::Float | TensorKind::Int | TensorKind::Bool)
+                    | Value::Other
+            )),
+            "`{method}` is run via f32 but takes a container of tensors or a reference to one"
+        );
+        let dtype = Ident::new(
+            if params.iter().any(|p| p.ident == "dtype") {
+                "dtype_"
+            } else {
+                "dtype"
+            },
+            Span::call_site(),
+        );
+        let f32_args = params.iter().map(|p| {
+            let ident = &p.ident;
+            if matches!(p.value, Value::Tensor(TensorKind::Float)) {
+                quote!(super::to_f32(#ident))
+            } else {
+                quote!(#ident)
+            }
+        });
+        let f32_call = quote!(#to::#name #turbofish(#(#f32_args),*));
+        let half = match output {
+            Value::Tensor(TensorKind::Float) => quote!(super::from_f32(#f32_call, #dtype)),
+            Value::Tensor(TensorKind::Int | TensorKind::Bool) => quote!({
+                let _ = #dtype;
+                #f32_call
+            }),
+            _ => bail!("`{method}` is run via f32 but returns neither one tensor nor a float"),
+        };
+        Ok(quote! {
+            if let Some(#dtype) = super::half_dtype(&[#(&#floats),*]) {
+                return #half;
+            }
+            #forward
         })
     }
 
@@ -1633,27 +2019,70 @@ fn convert(value: &Value, access: TokenStream) -> TokenStream {
 mod tests {
     use super::*;
 
-    fn generated() -> Generated {
-        generate(&workspace_root()).expect("the generator runs")
+    fn generated() -> Vec<Generated> {
+        TARGETS
+            .iter()
+            .map(|target| generate(&workspace_root(), target).expect("the generator runs"))
+            .collect()
     }
 
     #[test]
     fn generated_forwarding_is_current() {
-        let generated = generated();
-        let path = workspace_root().join(OUTPUT);
-        let committed = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("could not read {}: {e}", path.display()));
-        assert!(
-            committed == generated.code,
-            "{OUTPUT} is not what the generator writes from burn-backend {}: run \
-             `cargo xtask profiled-ops` and commit the result",
-            generated.version
-        );
+        for (target, generated) in TARGETS.iter().zip(generated()) {
+            let path = workspace_root().join(target.output);
+            let committed = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("could not read {}: {e}", path.display()));
+            assert!(
+                committed == generated.code,
+                "{} is not what the generator writes from burn-backend {}: run \
+                 `cargo xtask backend-ops` and commit the result",
+                target.output,
+                generated.version
+            );
+        }
     }
 
     #[test]
-    fn profiled_ops_forward_every_trait_method() {
+    fn every_trait_method_is_forwarded() {
         let generated = generated();
+        for generated in &generated {
+            every_method_emitted(generated);
+        }
+        // The profiler forwards every method; `HalfFlex` leaves Burn's `linear` (which Flex
+        // does not implement) to the default, so that it multiplies on `HalfFlex`.
+        assert!(
+            generated[0]
+                .defaulted
+                .iter()
+                .all(|(_, left)| left.is_empty())
+        );
+        let module_left = &generated[1]
+            .defaulted
+            .iter()
+            .find(|(t, _)| t == "ModuleOps");
+        assert!(module_left.is_some_and(|(_, left)| left.iter().any(|m| m == "linear")));
+    }
+
+    /// Every name the `HalfFlex` lists give is a method of the traits (a renamed Burn
+    /// operation would otherwise silently leave the list).
+    #[test]
+    fn half_flex_lists_name_trait_methods() {
+        let generated = generated();
+        let declared: BTreeSet<&str> = generated[1]
+            .declared
+            .iter()
+            .flat_map(|(_, names)| names.iter().map(String::as_str))
+            .collect();
+        let Body::Forward { via_f32, own, .. } = &TARGETS[1].body else {
+            panic!("HalfFlex forwards");
+        };
+        for name in via_f32.iter().chain(own.iter()) {
+            assert!(declared.contains(name), "{name} is not a trait method");
+        }
+        assert!(generated[1].code.contains("super::to_f32(lhs)"));
+    }
+
+    fn every_method_emitted(generated: &Generated) {
         let file = syn::parse_file(&generated.code).expect("the generated file parses");
         let mut emitted: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for item in &file.items {
@@ -1682,20 +2111,27 @@ mod tests {
             let methods = emitted
                 .get(name)
                 .unwrap_or_else(|| panic!("no impl of {name}"));
+            let left = &generated
+                .defaulted
+                .iter()
+                .find(|(trait_name, _)| trait_name == name)
+                .unwrap_or_else(|| panic!("no defaults reported for {name}"))
+                .1;
+            // Emitted and left to the default: together, every declared method, in order.
+            let mut all: Vec<&String> = methods.iter().chain(left).collect();
+            let order = |m: &&String| declared.iter().position(|d| d == *m);
+            all.sort_by_key(order);
             assert_eq!(
-                methods.len(),
-                declared.len(),
-                "{name}: {} methods emitted, {} declared",
-                methods.len(),
-                declared.len()
+                all,
+                declared.iter().collect::<Vec<_>>(),
+                "{name}: the methods differ"
             );
-            assert_eq!(methods, declared, "{name}: the methods differ");
             let count = generated
                 .counts
                 .iter()
                 .find(|(trait_name, _)| trait_name == name)
                 .map(|(_, count)| *count);
-            assert_eq!(count, Some(declared.len()), "{name}: the reported count");
+            assert_eq!(count, Some(methods.len()), "{name}: the reported count");
         }
         assert_eq!(emitted.len(), TRAITS.len());
     }
