@@ -49,7 +49,7 @@ use burn_memory::{
 use burn_sketch::SketchBackend;
 use burn_sketch::nn::{AttentionKind, Converter, FeatureMap, LinearKind, Selection};
 use clap::Parser;
-use examples::backend::BackendKind;
+use examples::backend::{BackendKind, HalfCompute};
 use examples::lm::profile::{ProfiledTraining, train_profiled};
 use examples::lm::{
     Batch, Corpus, FORTUNES_DIR, Positions, TransformerLm, TransformerLmConfig, batch, max_rel_diff,
@@ -304,8 +304,10 @@ where
 
 fn study<B>(args: &Args, corpus: &Corpus) -> anyhow::Result<()>
 where
-    B: AutodiffBackend + SketchBackend + DeviceMemory,
+    B: AutodiffBackend + SketchBackend + DeviceMemory + HalfCompute,
     B::InnerBackend: SketchBackend + DeviceMemory,
+    B::Half: AutodiffBackend + SketchBackend + DeviceMemory,
+    <B::Half as AutodiffBackend>::InnerBackend: SketchBackend,
 {
     let device = B::Device::default();
     let arms = selected_arms(args);
@@ -397,13 +399,7 @@ where
     {
         extras.extend(segment_checkpointing::<B>(corpus, args, *seed)?);
         let f32_profile = profiles[arms.iter().position(|a| a.name == "dense").unwrap_or(0)];
-        extras.extend(mixed_precision::<B>(
-            corpus,
-            &valid,
-            args,
-            *seed,
-            f32_profile,
-        ));
+        extras.extend(mixed_precision::<B::Half>(corpus, args, *seed, f32_profile));
         extras.extend(offloaded_inference(&dense.valid(), corpus, args)?);
     }
     write_outputs(args, &runs, &extras)
@@ -734,19 +730,15 @@ where
     }])
 }
 
-/// bf16 mixed precision: the dense arm's training, f32 master weights, bf16 compute.
-fn mixed_precision<B>(
-    corpus: &Corpus,
-    valid: &[Batch<B::InnerBackend>],
-    args: &Args,
-    seed: u64,
-    f32_profile: Profile,
-) -> Vec<Extra>
+/// bf16 mixed precision: the dense arm's training, f32 master weights, bf16 compute, on the
+/// study's backend's [`HalfCompute`] backend (`HalfFlex` for Flex).
+fn mixed_precision<B>(corpus: &Corpus, args: &Args, seed: u64, f32_profile: Profile) -> Vec<Extra>
 where
     B: AutodiffBackend + SketchBackend + DeviceMemory,
     B::InnerBackend: SketchBackend,
 {
     let device = B::Device::default();
+    let valid = validation_batches::<B::InnerBackend>(corpus, args, &device);
     let Ok(mut amp) = MixedPrecisionConfig::new()
         .with_compute(Precision::Bf16)
         .init::<B>(&device)
@@ -795,9 +787,12 @@ where
         };
         elapsed += start.elapsed();
     }
-    let bpc = valid_bpc(&model.valid(), valid);
+    let bpc = valid_bpc(&model.valid(), &valid);
     vec![Extra {
-        what: format!("bf16 mixed precision, dense, {steps} steps"),
+        what: format!(
+            "bf16 mixed precision, dense, {steps} steps, on {}",
+            B::name(&device)
+        ),
         peak_bytes: peak,
         seconds: elapsed.as_secs_f64() / steps as f64,
         baseline_peak_bytes: f32_profile.step_peak_bytes,

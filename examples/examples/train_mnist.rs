@@ -34,7 +34,7 @@ use burn_memory::Precision;
 use burn_memory::distributed::NodeConfig;
 use burn_memory::profile::Profiled;
 use clap::{Parser, ValueEnum};
-use examples::backend::BackendKind;
+use examples::backend::{BackendKind, HalfCompute};
 use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
 use examples::profile_args::ProfileArgs;
@@ -218,6 +218,11 @@ fn main() -> anyhow::Result<()> {
         } else if args.checkpointing {
             type Balanced = Autodiff<B, BalancedCheckpointing>;
             train::<Balanced>(&config, &data, &dir, args.resume, &device)?
+        } else if args.amp.is_some() {
+            // Half-precision compute on Flex takes `HalfFlex` (Flex computes `bf16`/`f16` one
+            // value at a time); every other backend is its own.
+            type Half = <B as HalfCompute>::Half;
+            train::<Autodiff<Half>>(&config, &data, &dir, args.resume, &device)?
         } else {
             train::<Autodiff<B>>(&config, &data, &dir, args.resume, &device)?
         }

@@ -72,3 +72,33 @@ macro_rules! with_backend {
         }
     };
 }
+
+/// The backend a model's `bf16`/`f16` compute runs on: on Flex,
+/// [`HalfFlex`](burn_sketch::cpu::HalfFlex) (Flex with half-precision operations on the CPU's
+/// vector units, where Flex's own compute one value at a time); every other backend is its
+/// own. Mixed-precision runs (`--amp`, the language model's `bf16` extra) take this backend.
+pub trait HalfCompute: burn::tensor::backend::Backend {
+    /// The backend of half-precision compute, on the same device.
+    type Half: burn::tensor::backend::Backend<Device = Self::Device>;
+}
+
+impl HalfCompute for burn::backend::Flex {
+    type Half = burn_sketch::cpu::HalfFlex;
+}
+
+impl HalfCompute for burn::backend::NdArray {
+    type Half = Self;
+}
+
+impl HalfCompute for burn::backend::Wgpu {
+    type Half = Self;
+}
+
+#[cfg(feature = "cuda")]
+impl HalfCompute for burn::backend::Cuda {
+    type Half = Self;
+}
+
+impl<B: HalfCompute> HalfCompute for burn::backend::Autodiff<B> {
+    type Half = burn::backend::Autodiff<B::Half>;
+}

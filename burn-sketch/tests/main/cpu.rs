@@ -366,6 +366,7 @@ fn the_portable_paths_match_the_references() {
 
         // The layers on top: the same tolerances as on the kernels.
         crate::flex::half_precision_matches_f32(DType::BF16, 2f32.powi(-7));
+        crate::half_flex::portable_matches_the_references();
         let device = Default::default();
         let dense = LinearConfig::new(k, n).init::<B>(&device);
         let x = Tensor::<B, 2>::from_data(TensorData::new(xs, [m, k]), &device);

@@ -428,3 +428,27 @@ fn threads_at_once() {
         }
     });
 }
+
+/// For the forced-portable process (`cpu::the_portable_paths_match_the_references`): the
+/// scalar conversion loops and the portable `bf16` product give the same results.
+pub fn portable_matches_the_references() {
+    let (a, a32) = pair([19, 37], 30, DType::BF16);
+    let (b, b32) = pair([37, 23], 31, DType::BF16);
+    assert_rounded(
+        "portable add",
+        a.clone() + a.clone(),
+        a32.clone() + a32.clone(),
+    );
+    assert_rounded("portable exp", a.clone().exp(), a32.clone().exp());
+    let got = a.matmul(b).cast(DType::F32).into_data();
+    let want = a32
+        .cast(DType::F64)
+        .matmul(b32.cast(DType::F64))
+        .into_data();
+    for (g, w) in got.iter::<f64>().zip(want.iter::<f64>()) {
+        assert!(
+            (g - w).abs() <= w.abs() * 2f64.powi(-8) + 1e-5,
+            "{g} against {w}"
+        );
+    }
+}

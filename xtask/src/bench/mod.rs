@@ -242,8 +242,14 @@ macro_rules! with_backend {
                 return Err("int8 points run through run_int8".into());
             }
             // Flex's element type is chosen at run time: the layers are cast to `--dtype`.
-            (BackendKind::Flex, _) => {
+            (BackendKind::Flex, Dtype::F32) => {
                 type $b = Flex;
+                $body
+            }
+            // Half precision on the CPU takes `HalfFlex` (Flex computes `bf16`/`f16` one value
+            // at a time, and multiplies `bf16` through `f32` copies).
+            (BackendKind::Flex, _) => {
+                type $b = burn_sketch::cpu::HalfFlex;
                 $body
             }
             (BackendKind::Ndarray, Dtype::F32) => {
