@@ -1604,11 +1604,8 @@ impl MethodCtx<'_> {
         }
 
         let name = &sig.ident;
-        if let Body::Forward {
-            to, via_f32, own, ..
-        } = self.body
-        {
-            let body = self.forward_body(&params, &output, &sig, &turbofish, to, via_f32, own)?;
+        if let Body::Forward { .. } = self.body {
+            let body = self.forward_body(&params, &output, &sig, &turbofish)?;
             let sig = self.rewrite(sig.to_token_stream(), "Self")?;
             return Ok(quote! {
                 #(#attrs)*
@@ -1625,13 +1622,7 @@ impl MethodCtx<'_> {
                 .collect::<Vec<_>>(),
         );
         // Parameters of a struct type are rebuilt for `B`.
-        let mut conversions = Vec::new();
-        for p in params.iter().filter(|p| p.value.needs_conversion()) {
-            let ident = &p.ident;
-            let ty = self.rewrite(p.ty.to_token_stream(), "B")?;
-            let value = convert(&p.value, ident.to_token_stream());
-            conversions.push(quote!(let #ident: #ty = #value;));
-        }
+        let conversions = self.rebuilt_params(&params, "B")?;
         let args = params.iter().map(|p| &p.ident);
         let fallback_sync = params
             .iter()
@@ -1659,16 +1650,7 @@ impl MethodCtx<'_> {
                 #out
             },
             value => {
-                let out_conversion = if value.needs_conversion() {
-                    let ReturnType::Type(_, ty) = &sig.output else {
-                        unreachable!("a struct is returned");
-                    };
-                    let ty = self.rewrite(ty.to_token_stream(), "Self")?;
-                    let converted = convert(value, out.to_token_stream());
-                    quote!(let #out: #ty = #converted;)
-                } else {
-                    quote!()
-                };
+                let out_conversion = self.rebuilt_output(&sig, value, &out)?;
                 let outputs = describe_closure(&[(out.to_token_stream(), value)]);
                 let sync = sync_expr(value, out.to_token_stream(), false, &fallback_sync)
                     .unwrap_or_else(|| fallback_sync.clone());
@@ -1693,18 +1675,53 @@ impl MethodCtx<'_> {
         })
     }
 
+    /// `let p: T<to> = …;` for each parameter whose type holds a struct generic over the
+    /// backend, rebuilt for the inner backend `to`.
+    fn rebuilt_params(&self, params: &[Param], to: &str) -> Result<Vec<TokenStream>> {
+        params
+            .iter()
+            .filter(|p| p.value.needs_conversion())
+            .map(|p| {
+                let ident = &p.ident;
+                let ty = self.rewrite(p.ty.to_token_stream(), to)?;
+                let value = convert(&p.value, ident.to_token_stream());
+                Ok(quote!(let #ident: #ty = #value;))
+            })
+            .collect()
+    }
+
+    /// `let out: T<Self> = …;` where the output holds such a struct; nothing otherwise.
+    fn rebuilt_output(
+        &self,
+        sig: &syn::Signature,
+        value: &Value,
+        out: &Ident,
+    ) -> Result<TokenStream> {
+        if !value.needs_conversion() {
+            return Ok(quote!());
+        }
+        let ReturnType::Type(_, ty) = &sig.output else {
+            unreachable!("a struct is returned");
+        };
+        let ty = self.rewrite(ty.to_token_stream(), "Self")?;
+        let converted = convert(value, out.to_token_stream());
+        Ok(quote!(let #out: #ty = #converted;))
+    }
+
     /// The body of a [`Body::Forward`] method.
-    #[allow(clippy::too_many_arguments)]
     fn forward_body(
         &self,
         params: &[Param],
         output: &Value,
         sig: &syn::Signature,
         turbofish: &TokenStream,
-        to: &str,
-        via_f32: &[&str],
-        own: &[&str],
     ) -> Result<TokenStream> {
+        let Body::Forward {
+            to, via_f32, own, ..
+        } = self.body
+        else {
+            unreachable!("called for forwarding targets only");
+        };
         let method = &self.method;
         let name = &sig.ident;
         let args: Vec<_> = params.iter().map(|p| &p.ident).collect();
@@ -1712,35 +1729,21 @@ impl MethodCtx<'_> {
             return Ok(quote!(super::#name #turbofish(#(#args),*)));
         }
         let to = Ident::new(to, Span::call_site());
-        let mut conversions = Vec::new();
-        for p in params.iter().filter(|p| p.value.needs_conversion()) {
-            let ident = &p.ident;
-            let ty = self.rewrite(p.ty.to_token_stream(), &to.to_string())?;
-            let value = convert(&p.value, ident.to_token_stream());
-            conversions.push(quote!(let #ident: #ty = #value;));
-        }
-        let forward = match output {
-            Value::Unit | Value::Future => quote! {
+        let conversions = self.rebuilt_params(params, &to.to_string())?;
+        let forward = if output.needs_conversion() {
+            let out = Ident::new("out", Span::call_site());
+            let out_conversion = self.rebuilt_output(sig, output, &out)?;
+            quote! {
                 #(#conversions)*
-                #to::#name #turbofish(#(#args),*)
-            },
-            value if value.needs_conversion() => {
-                let ReturnType::Type(_, ty) = &sig.output else {
-                    unreachable!("a struct is returned");
-                };
-                let ty = self.rewrite(ty.to_token_stream(), "Self")?;
-                let converted = convert(value, quote!(out));
-                quote! {
-                    #(#conversions)*
-                    let out = #to::#name #turbofish(#(#args),*);
-                    let out: #ty = #converted;
-                    out
-                }
+                let #out = #to::#name #turbofish(#(#args),*);
+                #out_conversion
+                #out
             }
-            _ => quote! {
+        } else {
+            quote! {
                 #(#conversions)*
                 #to::#name #turbofish(#(#args),*)
-            },
+            }
         };
         if !via_f32.contains(&method.as_str()) {
             return Ok(forward);
