@@ -71,6 +71,33 @@ impl<B: SketchBackend> SketchBackend for Profiled<B> {
         outer(output)
     }
 
+    /// `B`'s (Flex's vectorised loops), recorded as the operation `activate`, so that a
+    /// profiled model computes what the unprofiled one does.
+    fn activate(z: Tensor<Self, 2>, activation: Activation) -> Tensor<Self, 2> {
+        let call = Call::start("activate", || vec![describe(&z)]);
+        let output = B::activate(inner(z), activation);
+        if let Some(call) = call {
+            call.finish(|| vec![describe(&output)], || B::sync(&output.device()));
+        }
+        outer(output)
+    }
+
+    /// `B`'s, recorded as the operation `activation_backward`.
+    fn activation_backward(
+        kept: Tensor<Self, 2>,
+        grad_output: Tensor<Self, 2>,
+        activation: Activation,
+    ) -> Tensor<Self, 2> {
+        let call = Call::start("activation_backward", || {
+            vec![describe(&kept), describe(&grad_output)]
+        });
+        let output = B::activation_backward(inner(kept), inner(grad_output), activation);
+        if let Some(call) = call {
+            call.finish(|| vec![describe(&output)], || B::sync(&output.device()));
+        }
+        outer(output)
+    }
+
     fn sketched_linear_backward(
         x: Tensor<Self, 2>,
         weights: SketchWeights<Self>,
