@@ -1787,20 +1787,24 @@ impl MethodCtx<'_> {
             }
         });
         let f32_call = quote!(#to::#name #turbofish(#(#f32_args),*));
-        let half = match output {
-            Value::Tensor(TensorKind::Float) => quote!(super::from_f32(#f32_call, #dtype)),
-            Value::Tensor(TensorKind::Int | TensorKind::Bool) => quote!({
-                let _ = #dtype;
-                #f32_call
+        let half_input = quote!(super::half_dtype(&[#(&#floats),*]));
+        match output {
+            // A float output is rounded back to the inputs' half type.
+            Value::Tensor(TensorKind::Float) => Ok(quote! {
+                if let Some(#dtype) = #half_input {
+                    return super::from_f32(#f32_call, #dtype);
+                }
+                #forward
+            }),
+            // An int or bool output (comparisons, indices) is the same in either type.
+            Value::Tensor(TensorKind::Int | TensorKind::Bool) => Ok(quote! {
+                if #half_input.is_some() {
+                    return #f32_call;
+                }
+                #forward
             }),
             _ => bail!("`{method}` is run via f32 but returns neither one tensor nor a float"),
-        };
-        Ok(quote! {
-            if let Some(#dtype) = super::half_dtype(&[#(&#floats),*]) {
-                return #half;
-            }
-            #forward
-        })
+        }
     }
 
     /// Whether `ty` is `&Device<B>`.

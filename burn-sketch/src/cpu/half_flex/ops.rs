@@ -322,11 +322,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         rhs: FloatTensor<Self>,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs, &rhs]) {
-            return {
-                let _ = dtype;
-                Flex::float_equal(super::to_f32(lhs), super::to_f32(rhs), out_dtype)
-            };
+        if super::half_dtype(&[&lhs, &rhs]).is_some() {
+            return Flex::float_equal(super::to_f32(lhs), super::to_f32(rhs), out_dtype);
         }
         Flex::float_equal(lhs, rhs, out_dtype)
     }
@@ -336,11 +333,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         rhs: FloatTensor<Self>,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs, &rhs]) {
-            return {
-                let _ = dtype;
-                Flex::float_not_equal(super::to_f32(lhs), super::to_f32(rhs), out_dtype)
-            };
+        if super::half_dtype(&[&lhs, &rhs]).is_some() {
+            return Flex::float_not_equal(super::to_f32(lhs), super::to_f32(rhs), out_dtype);
         }
         Flex::float_not_equal(lhs, rhs, out_dtype)
     }
@@ -350,11 +344,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         rhs: Scalar,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs]) {
-            return {
-                let _ = dtype;
-                Flex::float_equal_elem(super::to_f32(lhs), rhs, out_dtype)
-            };
+        if super::half_dtype(&[&lhs]).is_some() {
+            return Flex::float_equal_elem(super::to_f32(lhs), rhs, out_dtype);
         }
         Flex::float_equal_elem(lhs, rhs, out_dtype)
     }
@@ -364,11 +355,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         rhs: Scalar,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs]) {
-            return {
-                let _ = dtype;
-                Flex::float_not_equal_elem(super::to_f32(lhs), rhs, out_dtype)
-            };
+        if super::half_dtype(&[&lhs]).is_some() {
+            return Flex::float_not_equal_elem(super::to_f32(lhs), rhs, out_dtype);
         }
         Flex::float_not_equal_elem(lhs, rhs, out_dtype)
     }
@@ -378,11 +366,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         rhs: FloatTensor<Self>,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs, &rhs]) {
-            return {
-                let _ = dtype;
-                Flex::float_greater(super::to_f32(lhs), super::to_f32(rhs), out_dtype)
-            };
+        if super::half_dtype(&[&lhs, &rhs]).is_some() {
+            return Flex::float_greater(super::to_f32(lhs), super::to_f32(rhs), out_dtype);
         }
         Flex::float_greater(lhs, rhs, out_dtype)
     }
@@ -392,11 +377,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         rhs: Scalar,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs]) {
-            return {
-                let _ = dtype;
-                Flex::float_greater_elem(super::to_f32(lhs), rhs, out_dtype)
-            };
+        if super::half_dtype(&[&lhs]).is_some() {
+            return Flex::float_greater_elem(super::to_f32(lhs), rhs, out_dtype);
         }
         Flex::float_greater_elem(lhs, rhs, out_dtype)
     }
@@ -406,11 +388,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         rhs: FloatTensor<Self>,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs, &rhs]) {
-            return {
-                let _ = dtype;
-                Flex::float_greater_equal(super::to_f32(lhs), super::to_f32(rhs), out_dtype)
-            };
+        if super::half_dtype(&[&lhs, &rhs]).is_some() {
+            return Flex::float_greater_equal(super::to_f32(lhs), super::to_f32(rhs), out_dtype);
         }
         Flex::float_greater_equal(lhs, rhs, out_dtype)
     }
@@ -420,11 +399,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         rhs: Scalar,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs]) {
-            return {
-                let _ = dtype;
-                Flex::float_greater_equal_elem(super::to_f32(lhs), rhs, out_dtype)
-            };
+        if super::half_dtype(&[&lhs]).is_some() {
+            return Flex::float_greater_equal_elem(super::to_f32(lhs), rhs, out_dtype);
         }
         Flex::float_greater_equal_elem(lhs, rhs, out_dtype)
     }
@@ -434,11 +410,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         rhs: FloatTensor<Self>,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs, &rhs]) {
-            return {
-                let _ = dtype;
-                Flex::float_lower(super::to_f32(lhs), super::to_f32(rhs), out_dtype)
-            };
+        if super::half_dtype(&[&lhs, &rhs]).is_some() {
+            return Flex::float_lower(super::to_f32(lhs), super::to_f32(rhs), out_dtype);
         }
         Flex::float_lower(lhs, rhs, out_dtype)
     }
@@ -448,11 +421,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         rhs: Scalar,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs]) {
-            return {
-                let _ = dtype;
-                Flex::float_lower_elem(super::to_f32(lhs), rhs, out_dtype)
-            };
+        if super::half_dtype(&[&lhs]).is_some() {
+            return Flex::float_lower_elem(super::to_f32(lhs), rhs, out_dtype);
         }
         Flex::float_lower_elem(lhs, rhs, out_dtype)
     }
@@ -462,11 +432,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         rhs: FloatTensor<Self>,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs, &rhs]) {
-            return {
-                let _ = dtype;
-                Flex::float_lower_equal(super::to_f32(lhs), super::to_f32(rhs), out_dtype)
-            };
+        if super::half_dtype(&[&lhs, &rhs]).is_some() {
+            return Flex::float_lower_equal(super::to_f32(lhs), super::to_f32(rhs), out_dtype);
         }
         Flex::float_lower_equal(lhs, rhs, out_dtype)
     }
@@ -476,11 +443,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         rhs: Scalar,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs]) {
-            return {
-                let _ = dtype;
-                Flex::float_lower_equal_elem(super::to_f32(lhs), rhs, out_dtype)
-            };
+        if super::half_dtype(&[&lhs]).is_some() {
+            return Flex::float_lower_equal_elem(super::to_f32(lhs), rhs, out_dtype);
         }
         Flex::float_lower_equal_elem(lhs, rhs, out_dtype)
     }
@@ -767,11 +731,8 @@ impl FloatTensorOps<Self> for HalfFlex {
     }
 
     fn float_argmax(tensor: FloatTensor<Self>, dim: usize, out_dtype: IntDType) -> IntTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return {
-                let _ = dtype;
-                Flex::float_argmax(super::to_f32(tensor), dim, out_dtype)
-            };
+        if super::half_dtype(&[&tensor]).is_some() {
+            return Flex::float_argmax(super::to_f32(tensor), dim, out_dtype);
         }
         Flex::float_argmax(tensor, dim, out_dtype)
     }
@@ -786,11 +747,8 @@ impl FloatTensorOps<Self> for HalfFlex {
     }
 
     fn float_argmin(tensor: FloatTensor<Self>, dim: usize, out_dtype: IntDType) -> IntTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return {
-                let _ = dtype;
-                Flex::float_argmin(super::to_f32(tensor), dim, out_dtype)
-            };
+        if super::half_dtype(&[&tensor]).is_some() {
+            return Flex::float_argmin(super::to_f32(tensor), dim, out_dtype);
         }
         Flex::float_argmin(tensor, dim, out_dtype)
     }
@@ -854,11 +812,8 @@ impl FloatTensorOps<Self> for HalfFlex {
     }
 
     fn float_any(tensor: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return {
-                let _ = dtype;
-                Flex::float_any(super::to_f32(tensor), out_dtype)
-            };
+        if super::half_dtype(&[&tensor]).is_some() {
+            return Flex::float_any(super::to_f32(tensor), out_dtype);
         }
         Flex::float_any(tensor, out_dtype)
     }
@@ -868,21 +823,15 @@ impl FloatTensorOps<Self> for HalfFlex {
         dim: usize,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return {
-                let _ = dtype;
-                Flex::float_any_dim(super::to_f32(tensor), dim, out_dtype)
-            };
+        if super::half_dtype(&[&tensor]).is_some() {
+            return Flex::float_any_dim(super::to_f32(tensor), dim, out_dtype);
         }
         Flex::float_any_dim(tensor, dim, out_dtype)
     }
 
     fn float_all(tensor: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return {
-                let _ = dtype;
-                Flex::float_all(super::to_f32(tensor), out_dtype)
-            };
+        if super::half_dtype(&[&tensor]).is_some() {
+            return Flex::float_all(super::to_f32(tensor), out_dtype);
         }
         Flex::float_all(tensor, out_dtype)
     }
@@ -892,11 +841,8 @@ impl FloatTensorOps<Self> for HalfFlex {
         dim: usize,
         out_dtype: BoolDType,
     ) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return {
-                let _ = dtype;
-                Flex::float_all_dim(super::to_f32(tensor), dim, out_dtype)
-            };
+        if super::half_dtype(&[&tensor]).is_some() {
+            return Flex::float_all_dim(super::to_f32(tensor), dim, out_dtype);
         }
         Flex::float_all_dim(tensor, dim, out_dtype)
     }
@@ -952,21 +898,15 @@ impl FloatTensorOps<Self> for HalfFlex {
     }
 
     fn float_is_nan(tensor: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return {
-                let _ = dtype;
-                Flex::float_is_nan(super::to_f32(tensor), out_dtype)
-            };
+        if super::half_dtype(&[&tensor]).is_some() {
+            return Flex::float_is_nan(super::to_f32(tensor), out_dtype);
         }
         Flex::float_is_nan(tensor, out_dtype)
     }
 
     fn float_is_inf(tensor: FloatTensor<Self>, out_dtype: BoolDType) -> BoolTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return {
-                let _ = dtype;
-                Flex::float_is_inf(super::to_f32(tensor), out_dtype)
-            };
+        if super::half_dtype(&[&tensor]).is_some() {
+            return Flex::float_is_inf(super::to_f32(tensor), out_dtype);
         }
         Flex::float_is_inf(tensor, out_dtype)
     }
