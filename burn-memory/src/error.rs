@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// Why a memory operation could not be done.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MemoryError {
     /// The backend could not report its memory (for example a CubeCL server error).
     #[error("the backend could not report its memory: {0}")]
@@ -12,7 +13,7 @@ pub enum MemoryError {
     #[error("process memory cannot be read on this platform: {0}")]
     Unsupported(&'static str),
     /// A file could not be read or written.
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Io {
         /// The file.
         path: PathBuf,
@@ -35,9 +36,6 @@ pub enum MemoryError {
         /// What is wrong with it.
         message: String,
     },
-    /// A profiler was started while another was running in the process.
-    #[error("a profiler is already running in this process; stop it before starting another")]
-    ProfilerRunning,
     /// The device cannot compute in the requested element type.
     #[error("the device does not support {0:?} arithmetic; use another precision or backend")]
     UnsupportedPrecision(burn::tensor::DType),

@@ -27,8 +27,11 @@
 //!     learned-order prefetcher.
 //!   - [`chunked_forward`]: inference over inputs too large for one pass, with bounded memory.
 //!
-//! - [`distributed`]: training on several devices and machines: layers placed on devices, and
-//!   data-parallel training on burn-collective ([`DataParallel`], feature `collective`).
+//! - [`placement`]: consecutive layers placed on several devices (model parallelism).
+//!
+//! The per-operation profiler (`Profiled<B>`, memory snapshots, the viewer) is
+//! [burn-profiler](https://docs.rs/burn-profiler), and data-parallel training is
+//! [burn-data-parallel](https://docs.rs/burn-data-parallel); both build on this crate.
 //!
 //! Device memory comes from [`DeviceMemory`], implemented for NdArray and Flex (the heap, counted exactly
 //! when a [`CountingAllocator`] is the global allocator, otherwise the process's resident
@@ -50,42 +53,41 @@
 //! println!("{report}");
 //! ```
 
-pub mod distributed;
+#![warn(missing_docs)]
+
 mod error;
 pub mod inference;
 pub mod measure;
 #[cfg(test)]
 #[path = "../../testing/own_process.rs"]
 mod own_process;
-pub mod profile;
+pub mod placement;
 pub mod training;
 
-pub use distributed::placement::{DeviceTransfer, MapLayer, Placed, Placement, ToDevice};
-#[cfg(feature = "collective")]
-pub use distributed::{
-    DataParallel, DataParallelConfig, DataParallelReport, DistributedError, NodeConfig, Peer,
-};
 pub use error::MemoryError;
 pub use inference::{chunked_forward, offload};
 #[cfg(feature = "wgpu")]
 pub use measure::wgpu_adapter;
 pub use measure::{
     Bytes, CountingAllocator, DeviceMemory, MemoryMonitor, MemoryReport, MemorySource,
-    MemoryStream, MemoryTracker, MemoryUsage, Phase, PlotFormat, Sample, Timeline, TimelineStats,
-    register_plot_font,
+    MemoryStream, MemoryTracker, MemoryUsage, Phase, Sample, Timeline, TimelineStats,
 };
 #[cfg(feature = "train")]
 pub use measure::{DeviceMemoryMetric, MemoryQuantity};
+#[cfg(feature = "plot")]
+pub use measure::{PlotFormat, register_plot_font};
+pub use placement::{DeviceTransfer, MapLayer, Placed, Placement, ToDevice};
 pub use training::{
-    BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, Checkpointing, Layers, LossScale,
-    MemoryBudget, MixedPrecision, MixedPrecisionConfig, MixedPrecisionRecord, Precision,
-    SegmentSeeds, SegmentState, SegmentedGrads, Segments, SharedMixedPrecision, StepOutcome, Trial,
-    TrialFailure, TrialOutcome, WithAutodiff, segmented_backward,
+    BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, Checkpointing, GradientReduction,
+    Layers, LossScale, MemoryBudget, MixedPrecision, MixedPrecisionConfig, MixedPrecisionRecord,
+    Precision, SegmentSeeds, SegmentState, SegmentedGrads, Segments, SharedMixedPrecision,
+    StepOutcome, Trial, TrialFailure, TrialOutcome, WithAutodiff, fork_replica, segmented_backward,
+    with_gradient_reduction,
 };
 
-/// Locks `mutex`, taking over a poisoned lock: every state behind this crate's mutexes is
+/// Locks `mutex`, taking over a poisoned lock: every state behind this workspace's mutexes is
 /// updated by plain assignments, so a panic elsewhere cannot leave it half-written.
-pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())

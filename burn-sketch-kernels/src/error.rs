@@ -7,6 +7,7 @@ use burn_backend::DType;
 /// Launching with operands that do not fit together would read or write out of bounds on
 /// the device, so every launcher checks first, as burn-cubecl's matmul and reduce do.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KernelError {
     /// An operand's shape does not fit the others'.
     #[error("sketched linear: `{operand}` has shape {found:?}, expected {expected}")]

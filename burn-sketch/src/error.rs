@@ -7,6 +7,7 @@ use std::path::PathBuf;
 /// Library functions return it for bad input (invalid sizes, malformed checkpoints) instead of
 /// panicking, so an application can report the problem and carry on.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SketchError {
     /// A configuration value is out of range (a zero size, an odd sketch size, ...).
     #[error("invalid `{name}` = {value}: {reason}")]
@@ -111,7 +112,7 @@ pub enum SketchError {
     },
 
     /// Reading or writing a file failed.
-    #[error("i/o error on {path}: {source}")]
+    #[error("i/o error on {path}")]
     Io {
         /// The file that was accessed.
         path: PathBuf,

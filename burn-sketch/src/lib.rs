@@ -47,7 +47,12 @@ pub use backend::{Activation, KernelStrategy, SketchBackend, SketchWeights};
 pub use error::SketchError;
 pub use linear::{ParamCounts, SkLinear, SkLinearConfig};
 
-/// The README's examples, compiled and run as doctests so that they stay true.
+/// The workspace README's examples, compiled and run as doctests so that they stay true.
 #[doc = include_str!("../../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The crate README's example, likewise.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct CrateReadmeDoctests;

@@ -42,10 +42,10 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_memory::offload::{OffloadConfig, OffloadManager};
-use burn_memory::profile::Profiled;
 use burn_memory::{
     CountingAllocator, DeviceMemory, MemoryTracker, MixedPrecisionConfig, Precision, Segments,
 };
+use burn_profiler::Profiled;
 use burn_sketch::SketchBackend;
 use burn_sketch::nn::{AttentionKind, Converter, FeatureMap, LinearKind, Selection};
 use clap::Parser;

@@ -169,21 +169,29 @@ fn configs(budget: u64, check_interval_ms: u64) -> Vec<(&'static str, OffloadCon
         .clone()
         .with_host_tier(false)
         .with_compress_disk_cache(false);
-    vec![
+    let mut configs = vec![
         ("host", host.clone().with_prefetch(false)),
         ("host+prefetch", host),
         ("disk", disk.clone().with_prefetch(false)),
         ("disk+prefetch", disk.clone()),
-        (
+    ];
+    if cfg!(feature = "compress") {
+        configs.push((
             "disk+prefetch+compressed",
             disk.with_compress_disk_cache(true),
-        ),
-        // Both tiers: the host tier holds half the budget, the rest spills to disk.
-        (
-            "host→disk+prefetch",
-            base.with_host_budget_bytes(Some(budget / 2)),
-        ),
-    ]
+        ));
+    } else {
+        eprintln!(
+            "the disk+prefetch+compressed row needs zstd: add `--features compress` to the \
+             cargo command"
+        );
+    }
+    // Both tiers: the host tier holds half the budget, the rest spills to disk.
+    configs.push((
+        "host→disk+prefetch",
+        base.with_host_budget_bytes(Some(budget / 2)),
+    ));
+    configs
 }
 
 fn main() -> anyhow::Result<()> {

@@ -31,8 +31,8 @@ use std::path::PathBuf;
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn_memory::Precision;
-use burn_memory::distributed::NodeConfig;
-use burn_memory::profile::Profiled;
+
+use burn_profiler::Profiled;
 use clap::{Parser, ValueEnum};
 use examples::backend::{BackendKind, HalfCompute};
 use examples::mlp::MlpConfig;
@@ -159,6 +159,30 @@ enum AmpKind {
     Bf16,
 }
 
+/// This process's node of a multi-node run (`--nodes`), if any.
+#[cfg(feature = "data-parallel")]
+fn node(args: &Args) -> anyhow::Result<Option<examples::parallel::NodeConfig>> {
+    Ok(args.nodes.map(|nodes| {
+        let rank = args.node_rank.unwrap_or(0);
+        examples::parallel::NodeConfig::new(
+            nodes,
+            rank,
+            args.orchestrator.clone().unwrap_or_default(),
+            args.data_port.unwrap_or(3100 + 2 * rank as u16),
+        )
+        .with_host(args.node_host.clone())
+    }))
+}
+
+/// Without data parallel in this build, `--nodes` is refused with the feature to add.
+#[cfg(not(feature = "data-parallel"))]
+fn node(args: &Args) -> anyhow::Result<Option<examples::parallel::NodeConfig>> {
+    match args.nodes {
+        Some(_) => Err(examples::parallel::NOT_COMPILED.into()),
+        None => Ok(None),
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let model = MlpConfig::new()
@@ -182,16 +206,7 @@ fn main() -> anyhow::Result<()> {
         .with_collective_timeout_secs(args.collective_timeout)
         .with_threads_per_peer(args.threads_per_peer)
         .with_int8(args.int8)
-        .with_node(args.nodes.map(|nodes| {
-            let rank = args.node_rank.unwrap_or(0);
-            NodeConfig::new(
-                nodes,
-                rank,
-                args.orchestrator.clone().unwrap_or_default(),
-                args.data_port.unwrap_or(3100 + 2 * rank as u16),
-            )
-            .with_host(args.node_host.clone())
-        }));
+        .with_node(node(&args)?);
     let data = args.data.clone().unwrap_or_else(Mnist::embedded_dir);
     let kind = if args.dense { "dense" } else { "sketched" };
     let dir = args.dir.clone().unwrap_or_else(|| {

@@ -28,21 +28,27 @@ impl BackendKind {
 /// Checks that the `Wgpu` backend has an adapter here, before CubeCL looks for one on its
 /// device thread (where a missing driver is a panic the caller sees only as a `RecvError`);
 /// logs the adapter it found.
+#[cfg(feature = "wgpu")]
 pub fn require_wgpu() -> Result<(), burn_memory::MemoryError> {
     let adapter = burn_memory::wgpu_adapter()?;
     tracing::info!("wgpu adapter: {adapter}");
     Ok(())
 }
 
-/// Why a backend cannot run in this build.
+/// A part of the examples that this build left out, and the cargo feature that adds it.
 #[derive(Debug, thiserror::Error)]
-#[error("`--backend cuda` needs a build with CUDA: add `--features cuda` to the cargo command")]
-pub struct NoCuda;
+#[error("{what} needs a build with it: add `--features {feature}` to the cargo command")]
+pub struct NotCompiled {
+    /// What was asked for (`--backend wgpu`).
+    pub what: &'static str,
+    /// The examples crate's feature that builds it.
+    pub feature: &'static str,
+}
 
 /// Runs `$body` with `$b` the Burn backend type of `$kind` (`Flex`, `NdArray`, `Wgpu`, `Cuda`); in a
-/// build without the `cuda` feature, `--backend cuda` makes the enclosing function return
-/// [`NoCuda`], and `--backend wgpu` without a Vulkan (or Metal) driver returns the error of
-/// [`require_wgpu`] (both converted with `?`'s `From`).
+/// build without a backend's feature (`wgpu`, `cuda`), asking for it makes the enclosing
+/// function return [`NotCompiled`], and `--backend wgpu` without a Vulkan (or Metal) driver
+/// returns the error of `require_wgpu` (both converted with `?`'s `From`).
 #[macro_export]
 macro_rules! with_backend {
     ($kind:expr, |$b:ident| $body:expr) => {
@@ -55,10 +61,19 @@ macro_rules! with_backend {
                 type $b = burn::backend::NdArray;
                 $body
             }
+            #[cfg(feature = "wgpu")]
             $crate::backend::BackendKind::Wgpu => {
                 $crate::backend::require_wgpu()?;
                 type $b = burn::backend::Wgpu;
                 $body
+            }
+            #[cfg(not(feature = "wgpu"))]
+            $crate::backend::BackendKind::Wgpu => {
+                return Err($crate::backend::NotCompiled {
+                    what: "`--backend wgpu`",
+                    feature: "wgpu",
+                }
+                .into());
             }
             #[cfg(feature = "cuda")]
             $crate::backend::BackendKind::Cuda => {
@@ -67,7 +82,11 @@ macro_rules! with_backend {
             }
             #[cfg(not(feature = "cuda"))]
             $crate::backend::BackendKind::Cuda => {
-                return Err($crate::backend::NoCuda.into());
+                return Err($crate::backend::NotCompiled {
+                    what: "`--backend cuda`",
+                    feature: "cuda",
+                }
+                .into());
             }
         }
     };
@@ -90,6 +109,7 @@ impl HalfCompute for burn::backend::NdArray {
     type Half = Self;
 }
 
+#[cfg(feature = "wgpu")]
 impl HalfCompute for burn::backend::Wgpu {
     type Half = Self;
 }

@@ -8,6 +8,7 @@ pub mod data;
 pub mod lm;
 pub mod mlp;
 pub mod mnist;
+pub mod parallel;
 pub mod profile_args;
 pub mod progress;
 pub mod training;

@@ -15,8 +15,8 @@ use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_memory::profile::scope;
 use burn_memory::{Layers, MemoryError, SegmentSeeds, Segments, segmented_backward};
+use burn_profiler::scope;
 use burn_sketch::SketchBackend;
 use burn_sketch::nn::{
     AnyLinear, AnyLinearConfig, AttentionKind, LinearKind, TransformerBlock, TransformerBlockConfig,
@@ -35,7 +35,7 @@ pub enum CorpusError {
     )]
     Missing(PathBuf),
     /// Reading a file failed.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         /// The file.
         path: PathBuf,

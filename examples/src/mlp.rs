@@ -9,8 +9,8 @@ use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor};
 use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
-use burn_memory::profile::{StepProfiler, scope};
 use burn_memory::{Layers, MixedPrecision, Segments, SharedMixedPrecision, segmented_backward};
+use burn_profiler::{StepProfiler, scope};
 use burn_sketch::nn::Int8Linear;
 use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend};
 

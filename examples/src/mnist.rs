@@ -16,7 +16,7 @@ const LABELS_MAGIC: u32 = 2049;
 #[derive(Debug, thiserror::Error)]
 pub enum IdxError {
     /// The file could not be opened or decompressed.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Io {
         /// The file.
         path: PathBuf,

@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
-use burn_memory::profile::{Profiler, ProfilerConfig, StepProfiler};
-use burn_memory::{DeviceMemory, MemoryError};
+use burn_memory::DeviceMemory;
+use burn_profiler::{ProfileError, Profiler, ProfilerConfig, StepProfiler};
 
 /// `--profile DIR` and the options that shape it: a window of training steps recorded with
 /// their shapes and memory after a warm-up, written as the operation table, the Chrome trace,
@@ -37,12 +37,12 @@ impl ProfileArgs {
     /// A step profiler that writes the window of `B`'s steps on `device` to `dir`.
     ///
     /// # Errors
-    /// [`MemoryError::Invalid`] for an empty window.
+    /// [`ProfileError::Invalid`] for an empty window.
     pub fn step_profiler<B>(
         &self,
         dir: &Path,
         device: &B::Device,
-    ) -> Result<StepProfiler, MemoryError>
+    ) -> Result<StepProfiler, ProfileError>
     where
         B: Backend + DeviceMemory,
     {

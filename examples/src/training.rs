@@ -18,15 +18,14 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use burn::train::metric::{AccuracyMetric, CpuUse, LossMetric};
 use burn::train::{Learner, SupervisedTraining, TrainStep};
-use burn_memory::distributed::{
-    DataParallel, DataParallelConfig, DataParallelReport, DistributedError, NodeConfig,
-};
-use burn_memory::profile::StepProfiler;
 use burn_memory::{
     BatchSizeSearchConfig, DeviceMemory, DeviceMemoryMetric, DeviceTransfer, LossScale,
     MemoryBudget, MixedPrecision, MixedPrecisionConfig, Precision, Segments,
 };
+use burn_profiler::StepProfiler;
 use burn_sketch::SketchBackend;
+
+use crate::parallel::{DataParallel, DataParallelReport, DistributedError, NodeConfig};
 
 use crate::checkpoint::AtomicFileRecorder;
 pub use crate::checkpoint::{checkpoint_path, latest_checkpoint};
@@ -103,9 +102,15 @@ pub enum TrainingError {
     /// The batch-size search failed.
     #[error(transparent)]
     Memory(#[from] burn_memory::MemoryError),
+    /// The profiler could not start or write its files.
+    #[error(transparent)]
+    Profile(#[from] burn_profiler::ProfileError),
     /// Data-parallel training failed (a peer died or never arrived, replicas differ...).
     #[error(transparent)]
     Distributed(#[from] DistributedError),
+    /// The run asks for a part this build left out.
+    #[error(transparent)]
+    NotCompiled(#[from] crate::backend::NotCompiled),
     /// The batch cannot be shared evenly by the peers.
     #[error("batch size {batch} cannot be split evenly over {peers} data-parallel peers")]
     UnevenBatch {
@@ -115,7 +120,7 @@ pub enum TrainingError {
         peers: usize,
     },
     /// The run directory could not be prepared.
-    #[error("cannot prepare the run directory {path}: {source}")]
+    #[error("cannot prepare the run directory {path}")]
     Directory {
         /// The directory.
         path: PathBuf,
@@ -395,6 +400,7 @@ where
 /// The data-parallel run `config` asks for, with its number of peers over all nodes; `None`
 /// for one device. Rank 0 of a multi-node run serves the orchestrator at the port of its
 /// address.
+#[cfg(feature = "data-parallel")]
 fn data_parallel<B: AutodiffBackend>(
     config: &TrainingConfig,
     device: &B::Device,
@@ -404,7 +410,7 @@ fn data_parallel<B: AutodiffBackend>(
     }
     let devices = vec![device.clone(); config.devices.max(1)];
     let peers = devices.len() * config.node.as_ref().map_or(1, |node| node.nodes as usize);
-    let parallel_config = DataParallelConfig::new()
+    let parallel_config = crate::parallel::DataParallelConfig::new()
         .with_timeout(std::time::Duration::from_secs(
             config.collective_timeout_secs,
         ))
@@ -415,10 +421,22 @@ fn data_parallel<B: AutodiffBackend>(
         && node.rank == 0
     {
         let port = node.orchestrator_port()?;
-        burn_memory::distributed::spawn_orchestrator(port)?;
+        crate::parallel::spawn_orchestrator(port)?;
         tracing::info!("serving the collective orchestrator on port {port}");
     }
     Ok(Some((parallel, peers)))
+}
+
+/// Without data parallel in this build: one device, or [`NotCompiled`](crate::parallel::NotCompiled).
+#[cfg(not(feature = "data-parallel"))]
+fn data_parallel<B: AutodiffBackend>(
+    config: &TrainingConfig,
+    _device: &B::Device,
+) -> Result<Option<(DataParallel<B>, usize)>, TrainingError> {
+    if config.devices <= 1 && config.node.is_none() {
+        return Ok(None);
+    }
+    Err(TrainingError::NotCompiled(crate::parallel::NOT_COMPILED))
 }
 
 /// The largest batch size, a multiple of 16 up to the training set's size, whose full training

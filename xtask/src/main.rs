@@ -11,18 +11,20 @@
 //!   recording, the median step time of each.
 //! - `book`: builds the mdBook under `docs/` and checks its pages and links (`--browser`: in
 //!   headless Chromium too).
-//! - `profile-viewer`: writes burn-memory's HTML profile viewer for a profiled MLP step and a
+//! - `profile-viewer`: writes burn-profiler's HTML profile viewer for a profiled MLP step and a
 //!   synthetic 100 000-allocation profile, and checks in headless Chromium that it draws.
-//! - `backend-ops`: generates the forwarding of Burn's operation traits for the project's
-//!   backend decorators (burn-memory's `Profiled<B>`, burn-sketch's `HalfFlex`), from
-//!   burn-backend's sources.
+//! - `first-command`: counts the packages the README's first command compiles, and fails when
+//!   it passes its budget or compiles the GPU or WebSocket stack.
+//!
+//! The generator of the backend decorators' forwarding is a crate of its own,
+//! `xtask/backend-ops` (`cargo backend-ops`), so that it builds without the crates it writes.
 //!
 //! The binary also runs on its own (`target/release/xtask bench ...`), so it can be copied to a
 //! machine without cargo.
 
-mod backend_ops;
 mod bench;
 mod book;
+mod first_command;
 mod overhead;
 #[cfg(test)]
 #[path = "../../testing/own_process.rs"]
@@ -33,8 +35,8 @@ mod viewer;
 
 /// Benchmarks run on mimalloc. On CPU backends every call allocates its output, and glibc's
 /// allocator hands large freed blocks back to the OS and page-faults them in again on the next
-/// call; for the sketched layer that costs more than its matrix products (the README's
-/// benchmark section has the measurement). Dense and sketched layers
+/// call; for the sketched layer that costs more than its matrix products (the book's
+/// CPU benchmark page has the measurement). Dense and sketched layers
 /// run in the same process on the same allocator, so their ratio stays fair, and a caching
 /// allocator is what we recommend for CPU training anyway.
 ///
@@ -59,8 +61,8 @@ enum Task {
     Book(book::BookArgs),
     /// Count kernel launches and buffer reservations per call of SkLinear and dense Linear.
     Overhead(overhead::OverheadArgs),
-    /// Generate the backend decorators' forwarding of Burn's operation traits.
-    BackendOps,
+    /// Count the packages the README's first command compiles; fail past the budget.
+    FirstCommand,
     /// Write the HTML profile viewer for a real and a synthetic profile; check it in Chromium.
     ProfileViewer(viewer::ViewerArgs),
     /// Time an MNIST training step with and without burn-memory's profiler recording.
@@ -118,10 +120,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Task::BackendOps => match backend_ops::run() {
+        Task::FirstCommand => match first_command::run() {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
-                eprintln!("backend-ops failed: {err:#}");
+                eprintln!("first-command failed: {err:#}");
                 ExitCode::FAILURE
             }
         },

@@ -49,7 +49,7 @@ pub struct ProductsArgs {
     pub json: Option<PathBuf>,
 }
 
-/// The points the README's CPU comparison with PyTorch uses.
+/// The points the book's CPU comparison with PyTorch uses.
 pub const CPU_POINTS: [&str; 3] = [
     "d4096x4096-t1-k64-b256",
     "d8192x8192-t1-k16-b256",

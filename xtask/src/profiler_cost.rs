@@ -24,7 +24,7 @@ use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Int, Tensor};
 use burn_memory::DeviceMemory;
-use burn_memory::profile::{Profiled, Profiler, ProfilerConfig};
+use burn_profiler::{Profiled, Profiler, ProfilerConfig};
 use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
 use serde::Serialize;
 

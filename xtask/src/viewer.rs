@@ -31,7 +31,7 @@ use burn::tensor::activation::relu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Int, Tensor};
 use burn_memory::MemoryUsage;
-use burn_memory::profile::{
+use burn_profiler::{
     AllocAction, AllocEvent, OpEvent, Profile, Profiled, Profiler, ProfilerConfig, scope,
 };
 use serde_json::Value;

@@ -189,22 +189,3 @@ where
         B::memory_capacity(device)
     }
 }
-
-impl<B: DeviceMemory> DeviceMemory for crate::profile::Profiled<B> {
-    const SOURCE: MemorySource = B::SOURCE;
-
-    fn current_stream() -> MemoryStream {
-        B::current_stream()
-    }
-
-    fn memory_usage(
-        device: &Self::Device,
-        stream: MemoryStream,
-    ) -> Result<MemoryUsage, MemoryError> {
-        B::memory_usage(device, stream)
-    }
-
-    fn memory_capacity(device: &Self::Device) -> Option<u64> {
-        B::memory_capacity(device)
-    }
-}

@@ -6,20 +6,66 @@
 //! and maps fresh memory lazily. Counting the bytes of every allocation and free is exact and
 //! cheap (a few atomic operations per call), which is why PyTorch's allocators count too.
 //!
-//! While a profiler samples a CPU backend's memory
-//! ([`Profiler::start_with_memory`](crate::profile::Profiler::start_with_memory)), the
-//! allocator also logs every allocation and free, with the operation and scope running on
-//! the calling thread, into the profile's
-//! [`allocations`](crate::profile::Profile::allocations). Logging serialises the process's
-//! allocations behind one lock (that is what makes the log's order the counter's order);
-//! without a profiler, counting takes no lock.
+//! While an allocation log runs ([`start_log`] to [`stop_log`]), the allocator also logs
+//! every allocation and free, with the [`AllocSite`] that the log's observer reports for the
+//! calling thread. burn-profiler starts one while it samples a CPU backend's memory and
+//! observes the operation and scope running. Logging serialises the process's allocations
+//! behind one lock (that is what makes the log's order the counter's order); without a log,
+//! counting takes no lock.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::profile::record::{AllocAction, AllocEvent, alloc_context};
+use serde::Serialize;
+
+/// Whether an [`AllocEvent`] took or gave back memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum AllocAction {
+    /// Bytes allocated.
+    Alloc,
+    /// Bytes freed.
+    Free,
+}
+
+/// One heap allocation or free, logged by the [`CountingAllocator`] while a log runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AllocEvent {
+    /// Allocation or free.
+    pub action: AllocAction,
+    /// The block's address.
+    pub address: u64,
+    /// The block's size in bytes.
+    pub size: u64,
+    /// Nanoseconds from the log's start.
+    pub time_ns: u64,
+    /// The thread, as the observer numbers it.
+    pub thread: u32,
+    /// The operation running on that thread at the time, if the observer knows one.
+    pub op: Option<&'static str>,
+    /// The innermost scope open on that thread at the time, if any (an index the observer
+    /// defines: burn-profiler's scope names).
+    pub scope: Option<u32>,
+    /// Heap bytes in use just after the event, as the allocator counts them.
+    pub in_use: u64,
+}
+
+/// What an allocation log records of the code that allocates, as its observer reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AllocSite {
+    /// The calling thread's number.
+    pub thread: u32,
+    /// The operation running on the thread, if any.
+    pub op: Option<&'static str>,
+    /// The innermost scope open on the thread, if any.
+    pub scope: Option<u32>,
+}
+
+/// The hook a log calls on every allocation and free: the site of the calling thread for
+/// the log's `session`. It runs inside the global allocator, so it must not allocate (read
+/// `const`-initialised thread-locals with `try_with`).
+pub type AllocObserver = fn(session: u64) -> AllocSite;
 
 static IN_USE: AtomicU64 = AtomicU64::new(0);
 static PEAK: AtomicU64 = AtomicU64::new(0);
@@ -85,8 +131,7 @@ fn freed(bytes: usize) {
     IN_USE.fetch_sub(bytes as u64, Ordering::Relaxed);
 }
 
-// The allocation log of a profiler sampling a CPU backend's memory
-// (`Profiler::start_with_memory`).
+// The allocation log (burn-profiler's, while it samples a CPU backend's memory).
 //
 // Everything below runs inside `GlobalAlloc` methods, so none of it may allocate: the event
 // buffer is allocated by `start_log` before it is put behind the lock (from the system
@@ -116,7 +161,7 @@ static LOG: Mutex<Option<AllocLog>> = Mutex::new(None);
 
 /// A fixed buffer of events taken from the system allocator, not the counting one: a `Vec`
 /// with another allocator than the global one needs the unstable allocator API.
-pub(crate) struct EventBuffer {
+struct EventBuffer {
     start: std::ptr::NonNull<AllocEvent>,
     len: usize,
     capacity: usize,
@@ -154,7 +199,7 @@ impl EventBuffer {
     }
 
     /// The events, copied into a `Vec` of the global allocator.
-    pub fn to_vec(&self) -> Vec<AllocEvent> {
+    fn to_vec(&self) -> Vec<AllocEvent> {
         // SAFETY: the first `len` slots are written events.
         unsafe { std::slice::from_raw_parts(self.start.as_ptr(), self.len) }.to_vec()
     }
@@ -170,16 +215,40 @@ impl Drop for EventBuffer {
     }
 }
 
-/// The events of the running profiler's allocation log.
-pub(crate) struct AllocLog {
+/// An allocation log, as [`stop_log`] returns it.
+pub struct AllocLog {
     /// The events kept, in order; never grown.
-    pub events: EventBuffer,
+    events: EventBuffer,
     /// Events not kept for want of room.
-    pub dropped: u64,
-    /// The profiler's start, from which event times count.
-    pub started: Instant,
-    /// The profiler's session, to ignore scopes left open on a thread by an earlier one.
-    pub session: u64,
+    dropped: u64,
+    /// The log's start, from which event times count.
+    started: Instant,
+    /// The observer's session, passed to it on every event.
+    session: u64,
+    /// Reports the allocating thread's site.
+    observer: AllocObserver,
+}
+
+impl std::fmt::Debug for AllocLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AllocLog")
+            .field("events", &self.events.len)
+            .field("dropped", &self.dropped)
+            .field("session", &self.session)
+            .finish()
+    }
+}
+
+impl AllocLog {
+    /// The events kept, in order.
+    pub fn events(&self) -> Vec<AllocEvent> {
+        self.events.to_vec()
+    }
+
+    /// Events not kept because the buffer was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
 }
 
 /// Locks the log, taking over a poisoned lock: nothing under it can panic half-way (pushes
@@ -189,9 +258,10 @@ fn lock_log() -> std::sync::MutexGuard<'static, Option<AllocLog>> {
 }
 
 /// Starts logging every allocation and free into a buffer of `max_entries` events
-/// (allocated here, before any lock is taken), for the profiler `session` started at
-/// `started`. Does nothing when no `CountingAllocator` is the global allocator.
-pub(crate) fn start_log(max_entries: usize, started: Instant, session: u64) {
+/// (allocated here, before any lock is taken), with times from `started` and each event's
+/// site from `observer(session)`. Replaces a log that is running. Does nothing when no
+/// `CountingAllocator` is the global allocator.
+pub fn start_log(max_entries: usize, started: Instant, session: u64, observer: AllocObserver) {
     if counts().is_none() {
         return;
     }
@@ -204,6 +274,7 @@ pub(crate) fn start_log(max_entries: usize, started: Instant, session: u64) {
         dropped: 0,
         started,
         session,
+        observer,
     };
     let previous = lock_log().replace(log);
     LOGGING.store(true, Ordering::SeqCst);
@@ -216,7 +287,7 @@ pub(crate) fn start_log(max_entries: usize, started: Instant, session: u64) {
 }
 
 /// Stops logging and returns the log, if one was on.
-pub(crate) fn stop_log() -> Option<AllocLog> {
+pub fn stop_log() -> Option<AllocLog> {
     let mut log = lock_log();
     LOGGING.store(false, Ordering::SeqCst);
     log.take()
@@ -251,7 +322,7 @@ fn count(
         return new;
     }
     let time_ns = log.started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-    let (thread, op, scope) = alloc_context(log.session);
+    let AllocSite { thread, op, scope } = (log.observer)(log.session);
     let mut push = |action, address: *mut u8, size: usize, in_use| {
         let event = AllocEvent {
             action,
@@ -334,9 +405,9 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for CountingAllocator<A> {
     }
 }
 
-/// Heap bytes in use and their peak since the last [`reset_peak`], if a [`CountingAllocator`]
-/// is the global allocator (it has counted at least one allocation).
-pub(crate) fn counts() -> Option<(u64, u64)> {
+/// Heap bytes in use and their peak since the last reset, if a [`CountingAllocator`] is the
+/// global allocator (it has counted at least one allocation).
+pub fn counts() -> Option<(u64, u64)> {
     INSTALLED
         .load(Ordering::Relaxed)
         .then(|| (IN_USE.load(Ordering::Relaxed), PEAK.load(Ordering::Relaxed)))

@@ -6,19 +6,22 @@
 //! - [`MemoryTracker`] turns those readings into [`MemoryReport`]s: in use, reserved and peak
 //!   around a closure ([`MemoryTracker::profile`]).
 //! - [`MemoryMonitor`] samples a device on a background thread into a [`Timeline`] with
-//!   labelled [`Phase`]s, written as CSV and plotted ([`PlotFormat`]).
+//!   labelled [`Phase`]s, written as CSV and, with the `plot` feature, plotted (PNG or SVG).
 //! - With the `train` feature, [`DeviceMemoryMetric`] puts device memory on burn-train's
 //!   dashboard.
+//! - [`heap`] and [`process`]: the heap count and allocation log of [`CountingAllocator`], and
+//!   the process's resident memory, which burn-profiler samples.
 
 #[cfg(feature = "wgpu")]
 mod available;
 mod device;
-pub(crate) mod heap;
+pub mod heap;
 #[cfg(feature = "train")]
 mod metric;
 mod monitor;
+#[cfg(feature = "plot")]
 pub(crate) mod plot;
-pub(crate) mod process;
+pub mod process;
 mod tracker;
 mod usage;
 
@@ -29,6 +32,7 @@ pub use heap::CountingAllocator;
 #[cfg(feature = "train")]
 pub use metric::{DeviceMemoryMetric, MemoryQuantity};
 pub use monitor::{MemoryMonitor, Phase, Sample, Timeline, TimelineStats};
+#[cfg(feature = "plot")]
 pub use plot::{PlotFormat, register_plot_font};
 pub use tracker::{MemoryReport, MemoryTracker};
 pub use usage::{Bytes, MemoryUsage};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Bytes, DeviceMemory, MemoryError, MemoryTracker, PlotFormat, lock};
+use crate::{Bytes, DeviceMemory, MemoryError, MemoryTracker, lock};
 
 /// One reading of the device's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -213,12 +213,14 @@ impl Timeline {
     }
 
     /// Plots memory in use and reserved over time, with the phases shaded and labelled, as PNG
-    /// or SVG (chosen from the extension: `.svg` is SVG, anything else PNG).
+    /// or SVG (chosen from the extension: `.svg` is SVG, anything else PNG). Needs the `plot`
+    /// feature.
+    #[cfg(feature = "plot")]
     pub fn plot(&self, path: impl AsRef<Path>, title: &str) -> Result<(), MemoryError> {
         crate::measure::plot::plot_timeline(
             self,
             path.as_ref(),
-            PlotFormat::from_path(path.as_ref()),
+            crate::PlotFormat::from_path(path.as_ref()),
             title,
         )
     }

@@ -15,7 +15,7 @@ use crate::MemoryError;
 static SYSTEM: Mutex<Option<System>> = Mutex::new(None);
 
 /// Resident memory of this process, in bytes.
-pub(crate) fn resident_bytes() -> Result<u64, MemoryError> {
+pub fn resident_bytes() -> Result<u64, MemoryError> {
     #[cfg(target_os = "linux")]
     if let Some(bytes) = status_field("VmRSS:") {
         return Ok(bytes);

@@ -276,6 +276,11 @@ impl MixedPrecision {
     /// Parameters that are still lazily uninitialised are initialised in `module` first: a
     /// clone of an uninitialised Burn parameter initialises separately, which would give the
     /// forward pass different weights from the ones the optimizer updates.
+    ///
+    /// State that Burn shares between a module and its clones, such as `BatchNorm`'s running
+    /// statistics, is cast in place (there is one copy of it), so that the compute copy's
+    /// forward can update it in the compute type; [`unscale`](Self::unscale) (and so
+    /// [`step`](Self::step)) casts it back to f32 in `module` after the step.
     pub fn cast_module<B: AutodiffBackend, M: Module<B>>(&self, module: &M) -> M {
         module.visit(&mut Materialize);
         if self.compute == Precision::F32 {
@@ -335,10 +340,12 @@ impl MixedPrecision {
         B: AutodiffBackend,
         M: Module<B>,
     {
+        // Running statistics that the compute copy updated in the compute type, back to f32.
+        self.restore_shared_state(module);
         // In a data-parallel step, the mean over every peer of the still-scaled gradients:
         // every peer then checks the same values and takes the same skip decision.
-        #[cfg(feature = "collective")]
-        let grads = crate::distributed::step::reduce_in_step::<B, M>(module, grads);
+        // (See `replica`: the strategy puts the reduction in scope for the step.)
+        let grads = super::replica::reduce_in_scope(grads);
         let mut grads = grads;
         // The check runs on the unscaled gradients, as PyTorch's `GradScaler` does: a finite
         // scaled gradient can still overflow once divided by a small scale.
@@ -415,12 +422,39 @@ fn check_scale(name: &'static str, scale: f32) -> Result<(), MemoryError> {
     }
 }
 
-/// Initialises lazily initialised parameters in place.
-pub(crate) struct Materialize;
+/// A visitor that initialises a module's lazily initialised parameters in place, so that
+/// copies made afterwards share the values instead of each drawing its own.
+#[derive(Debug)]
+pub struct Materialize;
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for Materialize {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let _ = param.val();
+    }
+}
+
+impl MixedPrecision {
+    /// Casts `module`'s float state that is not f32 back to f32. The master model's own
+    /// parameters are f32 and untouched by [`cast_module`](Self::cast_module); what it finds
+    /// in the compute type is state shared with the compute copy (a `RunningState`), which
+    /// the mapper writes back in place, so mapping a clone updates `module` itself.
+    fn restore_shared_state<B: AutodiffBackend, M: Module<B>>(&self, module: &M) {
+        if self.compute == Precision::F32 {
+            return;
+        }
+        let _ = module.clone().map(&mut RestoreF32);
+    }
+}
+
+/// Casts float state that is not f32 back to f32, keeping its id.
+struct RestoreF32;
+
+impl<B: AutodiffBackend> ModuleMapper<B> for RestoreF32 {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if param.val().dtype() == DType::F32 {
+            return param;
+        }
+        param.map(|tensor| tensor.cast(DType::F32))
     }
 }
 

@@ -7,10 +7,13 @@
 //!   dynamic loss scaling; [`SharedMixedPrecision`] keeps its state inside a model, so that
 //!   checkpoints save it.
 //! - [`BatchSizeSearch`]: the largest batch whose whole training step fits a memory budget.
+//! - [`replica`]: the hooks data-parallel training (burn-data-parallel) uses to reach mixed
+//!   precision.
 
 pub mod batch_search;
 pub mod checkpointing;
 pub mod mixed_precision;
+pub mod replica;
 mod shared_mixed_precision;
 
 pub use batch_search::{
@@ -24,4 +27,5 @@ pub use checkpointing::{
 pub use mixed_precision::{
     LossScale, MixedPrecision, MixedPrecisionConfig, MixedPrecisionRecord, Precision, StepOutcome,
 };
+pub use replica::{GradientReduction, fork_replica, with_gradient_reduction};
 pub use shared_mixed_precision::SharedMixedPrecision;

@@ -117,8 +117,7 @@ impl<B: Backend> Module<B> for SharedMixedPrecision<B> {
     /// The same state, except for a data-parallel peer's replica, which gets a copy of its own
     /// (every peer takes the same decisions from the same mean gradients).
     fn fork(self, _device: &B::Device) -> Self {
-        #[cfg(feature = "collective")]
-        if crate::distributed::step::forking_replica() {
+        if super::replica::forking_replica() {
             return Self::shared(self.get().map(|amp| Arc::new(Mutex::new(amp))));
         }
         self

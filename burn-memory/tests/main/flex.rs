@@ -62,6 +62,22 @@ fn bf16_training_reduces_the_loss() {
 }
 
 #[test]
+fn batch_norm_statistics_stay_f32_under_f16() {
+    crate::mixed_precision::batch_norm_statistics_stay_f32::<A>(
+        &Default::default(),
+        Precision::F16,
+    );
+}
+
+#[test]
+fn batch_norm_statistics_stay_f32_under_bf16() {
+    crate::mixed_precision::batch_norm_statistics_stay_f32::<A>(
+        &Default::default(),
+        Precision::Bf16,
+    );
+}
+
+#[test]
 fn an_injected_infinity_skips_an_f16_step() {
     crate::mixed_precision::an_injected_infinity_skips_the_step::<A>(
         &Default::default(),

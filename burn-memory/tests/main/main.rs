@@ -11,7 +11,6 @@ use burn_memory::CountingAllocator;
 static ALLOCATOR: CountingAllocator = CountingAllocator::system();
 
 mod batch_search;
-mod distributed;
 mod flex;
 mod heap;
 mod mixed_precision;
@@ -20,8 +19,5 @@ mod offload;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;
 mod placement;
-mod profile;
-mod profile_memory;
-mod profile_viewer;
 mod segments;
 mod wgpu;

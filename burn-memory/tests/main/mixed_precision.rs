@@ -1,10 +1,11 @@
 //! Mixed-precision checks shared by the backends that compute in half precision (Flex on CPU,
 //! wgpu): each backend's module calls them with its own autodiff backend and device.
 
-use burn::nn::LinearConfig;
+use burn::module::{AutodiffModule, Module};
+use burn::nn::{BatchNorm, BatchNormConfig, Linear, LinearConfig};
 use burn::optim::{AdamConfig, GradientsParams, SgdConfig};
-use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{DType, Distribution, ElementConversion, Tensor};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Distribution, ElementConversion, Tensor, Tolerance};
 use burn_memory::{LossScale, MixedPrecisionConfig, Precision, StepOutcome};
 
 /// 40 Adam steps of a linear model towards a fixed random target, forward and backward in
@@ -80,4 +81,70 @@ pub fn an_injected_infinity_skips_the_step<A: AutodiffBackend>(
     assert_eq!(outcome, StepOutcome::Skipped);
     assert_eq!(amp.scale(), scale / 2.0);
     after.weight.val().into_data().assert_eq(&before, true);
+}
+
+/// A linear layer and a batch norm: state (the running statistics) beside the parameters.
+#[derive(Module, Debug)]
+pub struct NormNet<B: Backend> {
+    linear: Linear<B>,
+    norm: BatchNorm<B>,
+}
+
+/// Three half-precision steps of a model with `BatchNorm`: its running statistics, which Burn
+/// shares between the master model and the compute copy, stay f32 in the master and hold the
+/// running mean of the batches the compute copy saw; the master's inference then runs in f32.
+pub fn batch_norm_statistics_stay_f32<A: AutodiffBackend>(
+    device: &A::Device,
+    precision: Precision,
+) {
+    A::seed(device, 5);
+    let mut model = NormNet {
+        linear: LinearConfig::new(8, 4).init::<A>(device),
+        norm: BatchNormConfig::new(4).init::<A>(device),
+    };
+    let mut amp = MixedPrecisionConfig::new()
+        .with_compute(precision)
+        .init::<A>(device)
+        .unwrap();
+    let mut optim = SgdConfig::new().init();
+    let x = Tensor::<A, 2>::random([32, 8], Distribution::Normal(2.0, 1.0), device);
+    let mut expected = Tensor::<A::InnerBackend, 1>::zeros([4], device);
+    for _ in 0..3 {
+        let compute = amp.cast_module(&model);
+        let hidden = compute.linear.forward(amp.cast_input(x.clone()));
+        let batch_mean = hidden
+            .clone()
+            .inner()
+            .cast(DType::F32)
+            .mean_dim(0)
+            .reshape([4]);
+        expected = expected.mul_scalar(0.9) + batch_mean.mul_scalar(0.1);
+        let out = compute.norm.forward(hidden);
+        assert_eq!(
+            out.dtype(),
+            precision.dtype(),
+            "the forward runs in the compute type"
+        );
+        let loss = out.cast(DType::F32).powi_scalar(2).mean();
+        let grads = GradientsParams::from_grads(amp.scale_loss(loss).backward(), &model);
+        let outcome;
+        (model, outcome) = amp.step(&mut optim, 1e-2, model, grads);
+        assert_eq!(outcome, StepOutcome::Applied);
+        assert_eq!(
+            model.norm.running_mean.value().dtype(),
+            DType::F32,
+            "the master's running mean was left in {:?}",
+            precision.dtype()
+        );
+    }
+    let running_mean = model.norm.running_mean.value().inner();
+    running_mean
+        .into_data()
+        .assert_approx_eq::<f32>(&expected.into_data(), Tolerance::rel_abs(2e-2, 2e-2));
+    assert_eq!(model.norm.running_var.value().dtype(), DType::F32);
+    let valid = model.valid();
+    let y = valid.norm.forward(valid.linear.forward(x.inner()));
+    assert_eq!(y.dtype(), DType::F32);
+    let finite: bool = y.is_finite().all().into_scalar().elem();
+    assert!(finite, "the master's f32 inference is not finite");
 }

@@ -4,7 +4,7 @@
 //! exists: burn-ndarray 0.21's `matmul` reshapes both operands and its result through a
 //! copy, and zero-fills the result, on every call. A dense layer hardly notices, but the
 //! sketched products are thin (`2Tk` of a few dozen columns), so those copies cost more
-//! than the arithmetic (the README's CPU benchmark section has the measurements).
+//! than the arithmetic (the book's CPU benchmark page has the measurements).
 //!
 //! Here every product is one [`general_mat_mul`] (matrixmultiply, the engine burn-ndarray
 //! itself uses) on views of the tensors' arrays, whatever their strides:

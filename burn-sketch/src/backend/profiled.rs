@@ -1,12 +1,12 @@
-//! `SketchBackend` for burn-memory's `Profiled<B>`: the sketched product and its backward
+//! `SketchBackend` for burn-profiler's `Profiled<B>`: the sketched product and its backward
 //! run `B`'s own path (the kernels on a GPU) and are recorded as one operation each,
 //! `sketched_linear` and `sketched_linear_backward`, rather than as the tensor operations of
 //! the generic path, which would bypass `B`'s implementation.
 
 use burn::tensor::{Tensor, TensorPrimitive};
-use burn_memory::profile::Profiled;
-use burn_memory::profile::TensorDesc;
-use burn_memory::profile::record::{Call, desc};
+use burn_profiler::Profiled;
+use burn_profiler::TensorDesc;
+use burn_profiler::record::{Call, desc};
 
 use super::{
     Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,

@@ -256,7 +256,7 @@ impl<B: SketchBackend> SkLinear<B> {
 ///
 /// Why not always `reshape`: burn-ndarray 0.21 copies the whole array on every reshape, even to
 /// the shape it has: for a `[256, 8192]` input, two 8 MB copies per forward and two more in
-/// the backward (the README's CPU benchmark section has the measured effect).
+/// the backward (the book's CPU benchmark page has the measured effect).
 fn with_shape<B: Backend, const D: usize, const D2: usize>(
     tensor: Tensor<B, D>,
     shape: [usize; D2],

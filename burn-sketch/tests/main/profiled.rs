@@ -5,7 +5,7 @@ use burn::backend::{Autodiff, Flex, NdArray};
 use burn::module::Param;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Tensor, TensorData, Tolerance};
-use burn_memory::profile::{Profile, Profiled, Profiler, ProfilerConfig};
+use burn_profiler::{Profile, Profiled, Profiler, ProfilerConfig};
 use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend};
 
 /// One profiler at a time: the tests of this module each start one.

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
-use burn_memory::MemoryError;
-use burn_memory::profile::{StepProfiler, scope};
+use burn_profiler::ProfileError;
+use burn_profiler::{StepProfiler, scope};
 use burn_sketch::SketchBackend;
 
 use super::{Corpus, Positions, TransformerLm, batch};
@@ -45,7 +45,7 @@ pub fn train_profiled<B: AutodiffBackend + SketchBackend>(
     device: &B::Device,
     training: ProfiledTraining,
     profiler: &StepProfiler,
-) -> Result<PathBuf, MemoryError> {
+) -> Result<PathBuf, ProfileError> {
     let mut optim = AdamConfig::new().init::<B, TransformerLm<B>>();
     let mut positions = Positions::new(training.seed);
     for _ in 0..training.steps {

@@ -11,8 +11,9 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
-use burn_memory::profile::{Profiled, Profiler, ProfilerConfig, scope, write_profile};
-use burn_memory::{DeviceMemory, MemoryError};
+use burn_memory::DeviceMemory;
+use burn_profiler::ProfileError;
+use burn_profiler::{Profiled, Profiler, ProfilerConfig, scope, write_profile};
 use burn_sketch::SketchBackend;
 
 use super::grid::Point;
@@ -33,14 +34,14 @@ pub struct ProfileSettings {
 ///
 /// # Errors
 /// The profiler's, when it cannot start (another one is running in the process), and
-/// [`MemoryError::Io`] when a file cannot be written.
+/// [`ProfileError::Io`] when a file cannot be written.
 pub fn profile_point<B: SketchBackend + DeviceMemory>(
     point: Point,
     device: &B::Device,
     settings: Settings,
     profile: ProfileSettings,
     dir: &Path,
-) -> Result<Vec<PathBuf>, MemoryError> {
+) -> Result<Vec<PathBuf>, ProfileError> {
     let workloads = Workloads::<Profiled<B>>::new(point, device, settings);
     let config = ProfilerConfig::new()
         .with_record_shapes(true)

@@ -50,7 +50,7 @@ pub fn op<'a, T: 'static>(mut f: impl FnMut() -> T + 'a) -> Op<'a> {
 /// Why rounds rather than one op's samples after another's: the speedups in the table are
 /// ratios of these timings, and a shared machine's speed drifts over seconds. Timed one after
 /// the other, a fast op's samples all fall in a fraction of a second, and a neighbour's burst
-/// there moves its speedup from one run to the next (the README's benchmark section has the
+/// there moves its speedup from one run to the next (the book's CPU benchmark page has the
 /// figures). In rounds, every op's samples spread over the whole measurement.
 /// Each sample follows an untimed call of the same op, so that the caches hold what that op
 /// uses, as when it runs back to back, rather than what the op before it left there.

@@ -32,6 +32,7 @@ pub(crate) struct CacheDir {
     created: bool,
 }
 
+#[cfg(feature = "compress")]
 /// zstd's fastest level: higher levels gained under 0.1 % on float weights and halved the speed.
 const ZSTD_LEVEL: i32 = 1;
 
@@ -109,7 +110,7 @@ impl CacheDir {
         let raw = safetensors::serialize(views, None).map_err(|error| fail(error.to_string()))?;
         let raw_len = raw.len() as u64;
         let bytes = if compress {
-            zstd::bulk::compress(&raw, ZSTD_LEVEL).map_err(|error| fail(error.to_string()))?
+            compress_bytes(&raw).map_err(fail)?
         } else {
             raw
         };
@@ -155,8 +156,7 @@ impl CacheDir {
             )));
         }
         let (raw, property) = if file.compressed {
-            let decompressed = zstd::bulk::decompress(&map, file.raw_len as usize)
-                .map_err(|error| fail(error.to_string()))?;
+            let decompressed = decompress_bytes(&map, file.raw_len as usize).map_err(fail)?;
             (bytes::Bytes::from(decompressed), AllocationProperty::Native)
         } else {
             (bytes::Bytes::from_owner(map), AllocationProperty::File)
@@ -196,6 +196,30 @@ fn to_safetensors(dtype: DType) -> Option<Dtype> {
         DType::BF16 => Dtype::BF16,
         _ => return None,
     })
+}
+
+/// `raw` compressed with zstd.
+#[cfg(feature = "compress")]
+fn compress_bytes(raw: &[u8]) -> Result<Vec<u8>, String> {
+    zstd::bulk::compress(raw, ZSTD_LEVEL).map_err(|error| error.to_string())
+}
+
+/// `compressed` (zstd) back to its `len` bytes.
+#[cfg(feature = "compress")]
+fn decompress_bytes(compressed: &[u8], len: usize) -> Result<Vec<u8>, String> {
+    zstd::bulk::decompress(compressed, len).map_err(|error| error.to_string())
+}
+
+/// Without the `compress` feature, `OffloadConfig::validate` refuses compression.
+#[cfg(not(feature = "compress"))]
+fn compress_bytes(_raw: &[u8]) -> Result<Vec<u8>, String> {
+    Err("compression needs burn-memory's `compress` feature".into())
+}
+
+/// Without the `compress` feature no file of this cache is compressed.
+#[cfg(not(feature = "compress"))]
+fn decompress_bytes(_compressed: &[u8], _len: usize) -> Result<Vec<u8>, String> {
+    Err("compression needs burn-memory's `compress` feature".into())
 }
 
 #[cfg(test)]

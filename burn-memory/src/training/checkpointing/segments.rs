@@ -95,7 +95,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
-use burn::optim::GradientsParams;
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Distribution, FloatDType, Int, Tensor, TensorPrimitive};
 use serde::{Deserialize, Serialize};
@@ -572,7 +572,8 @@ where
         }
     }
 
-    let mut grads = GradientsParams::new();
+    // Weights shared between segments get the sum of their segments' gradients.
+    let mut grads = GradientsAccumulator::<M>::new();
     let mut upstream: Option<X::Grad> = None;
     let mut loss = Some(loss);
     let mut loss_value = None;
@@ -613,12 +614,7 @@ where
         if wants_grad {
             upstream = Some(x.take_grad(&mut graph));
         }
-        let segment_grads = GradientsParams::from_grads(graph, params);
-        params.visit(&mut Merge::<B> {
-            from: segment_grads,
-            into: &mut grads,
-            _backend: std::marker::PhantomData,
-        });
+        grads.accumulate(params, GradientsParams::from_grads(graph, params));
     }
     B::seed(&device, seeds.after());
     if let Some(running) = running {
@@ -626,7 +622,7 @@ where
     }
     Ok(SegmentedGrads {
         loss: loss_value.expect("the loss ran"),
-        grads,
+        grads: grads.grads(),
         input_grad: upstream.filter(|_| input_wants_grad),
     })
 }
@@ -675,26 +671,5 @@ impl<B: AutodiffBackend> ModuleMapper<B> for RunningStates<B> {
             }
             None => param,
         }
-    }
-}
-
-/// Moves each parameter's gradient from one segment's set into the step's, adding it to what
-/// an earlier segment gave the same parameter (weights shared between segments).
-struct Merge<'a, B> {
-    from: GradientsParams,
-    into: &'a mut GradientsParams,
-    _backend: std::marker::PhantomData<B>,
-}
-
-impl<B: AutodiffBackend> ModuleVisitor<B> for Merge<'_, B> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let Some(grad) = self.from.remove::<B::InnerBackend, D>(param.id) else {
-            return;
-        };
-        let total = match self.into.remove::<B::InnerBackend, D>(param.id) {
-            Some(earlier) => earlier + grad,
-            None => grad,
-        };
-        self.into.register(param.id, total);
     }
 }

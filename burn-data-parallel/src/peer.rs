@@ -1,0 +1,462 @@
+//! One peer of a data-parallel run: its registration with burn-collective and every collective
+//! operation it takes part in, each bounded in time.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use burn::backend::Flex;
+use burn::backend::flex::FlexDevice;
+use burn::module::Module;
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorPrimitive};
+use burn_collective::{CollectiveConfig, CollectiveError, PeerId, ReduceOperation};
+
+use crate::bucket::{Checksums, GradientLayout};
+use crate::renewal::Renewal;
+use burn_memory::DeviceTransfer;
+
+use crate::{DataParallelConfig, DistributedError};
+
+/// A job for the peer's collective thread.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// One peer of a data-parallel run on the (non-autodiff) backend `B`.
+///
+/// burn-collective's operations block until every peer has called them. A peer calls them on
+/// a thread of its own and waits for the answer at most the configured timeout, so that a peer
+/// that died or never arrived is an error, [`DistributedError::Timeout`], not a hang. After a
+/// timeout the peer is spent: its thread may stay blocked in burn-collective until the process
+/// ends, and every later call fails at once.
+///
+/// [`DataParallel`](super::DataParallel) runs one per device inside burn-train's learner; a
+/// training loop of one's own uses it directly:
+///
+/// ```
+/// use std::time::Duration;
+/// use burn::backend::{Autodiff, Flex};
+/// use burn::module::Module;
+/// use burn::nn::LinearConfig;
+/// use burn::optim::GradientsParams;
+/// use burn::tensor::Tensor;
+/// use burn_data_parallel::{DataParallelConfig, Peer};
+///
+/// type B = Autodiff<Flex>;
+/// let config = DataParallelConfig::new().with_timeout(Duration::from_secs(30));
+/// let model = LinearConfig::new(4, 2).init::<B>(&Default::default());
+/// // Burn initialises parameters at first use: initialise them before copying the model, or
+/// // each copy draws its own weights (and `check_replicas` refuses them).
+/// let _ = (model.weight.val(), model.bias.as_ref().map(|bias| bias.val()));
+/// // Two threads of this process are the two peers; each trains a replica on its shard.
+/// let grads: Vec<_> = std::thread::scope(|scope| {
+///     let handles: Vec<_> = (0..2)
+///         .map(|rank| {
+///             let (config, model) = (&config, model.clone());
+///             scope.spawn(move || {
+///                 let peer = Peer::<Flex>::join(rank, 2, Default::default(), config)?;
+///                 peer.check_replicas(&model)?;
+///                 let x = Tensor::<B, 2>::full([3, 4], rank as f32 + 1.0, &Default::default());
+///                 let grads = GradientsParams::from_grads(model.forward(x).sum().backward(), &model);
+///                 let (mean, _) = peer.mean_gradients(&model, grads, false)?;
+///                 peer.leave()?;
+///                 Ok::<_, burn_data_parallel::DistributedError>(mean)
+///             })
+///         })
+///         .collect();
+///     handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+/// });
+/// // Both peers hold the mean of the two gradients: that of inputs 1.5 on one device.
+/// let weight = |g: &GradientsParams| g.get::<Flex, 2>(model.weight.id).unwrap().into_data();
+/// assert_eq!(weight(&grads[0]), weight(&grads[1]));
+/// # Ok::<(), burn_data_parallel::DistributedError>(())
+/// ```
+pub struct Peer<B: Backend> {
+    id: PeerId,
+    world: usize,
+    device: B::Device,
+    timeout: Duration,
+    jobs: mpsc::Sender<Job>,
+    spent: AtomicBool,
+    /// Whether the collective runs on Flex with the tensors staged through host memory: for
+    /// every backend whose tensors are not host memory ([`DeviceTransfer::HOST_MEMORY`]).
+    /// burn-fusion 0.21 loses a tensor shared between two threads' streams (burn-collective
+    /// hands each peer a clone of one sum: reading it on a second stream fails, "Should have
+    /// handle for tensor"), and CubeCL 0.10 moves a tensor between two wgpu devices only on
+    /// CUDA.
+    staged: bool,
+    /// A multi-node run's registration, left after each operation and renewed before the
+    /// next (see `Peer::rejoin`).
+    renewal: Option<Renewal>,
+}
+
+impl<B: DeviceTransfer> Peer<B> {
+    /// Registers this thread as peer `local` of `local_peers` on this machine, on `device`, and
+    /// waits (at most the timeout) until every peer of the run, on every node, has registered.
+    ///
+    /// # Errors
+    /// [`DistributedError::InvalidConfig`] for a configuration that cannot describe the run,
+    /// [`DistributedError::Timeout`] when the others do not all arrive in time,
+    /// [`DistributedError::Collective`] when burn-collective refuses the registration (a peer
+    /// registered twice, peers with different configurations).
+    pub fn join(
+        local: usize,
+        local_peers: usize,
+        device: B::Device,
+        config: &DataParallelConfig,
+    ) -> Result<Self, DistributedError> {
+        config.validate(local_peers)?;
+        if local >= local_peers {
+            return Err(DistributedError::InvalidConfig(format!(
+                "peer {local} of {local_peers}: peers are numbered from 0"
+            )));
+        }
+        let collective = config.collective(local_peers)?;
+        let id = PeerId(config.global_rank(local_peers, local));
+        let (jobs, receiver) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name(format!("collective peer {}", id.0))
+            .spawn(move || {
+                while let Ok(job) = receiver.recv() {
+                    job();
+                }
+            })
+            .map_err(|error| DistributedError::Collective {
+                peer: id.0,
+                operation: "register",
+                message: format!("cannot start the peer's thread: {error}"),
+            })?;
+        let peer = Self {
+            id,
+            world: config.world_size(local_peers),
+            device: device.clone(),
+            timeout: config.timeout,
+            jobs,
+            spent: AtomicBool::new(false),
+            staged: !B::HOST_MEMORY,
+            renewal: config
+                .node
+                .as_ref()
+                .map(|node| Renewal::new(collective.clone(), node)),
+        };
+        peer.register("register", collective)?;
+        if let Some(renewal) = &peer.renewal {
+            // The nodes learn each other's data servers, to keep their renewals in order.
+            const OPERATION: &str = "exchange data addresses";
+            let values = renewal.address_values(peer.world);
+            let summed = peer.all_reduce_values_once(OPERATION, values)?;
+            renewal.learn_addresses(&summed)?;
+            peer.leave_registration()?;
+        }
+        tracing::debug!("peer {} of {} registered", id.0, peer.world);
+        Ok(peer)
+    }
+}
+
+impl<B: Backend> Peer<B> {
+    /// This peer's global rank, from 0; rank 0 is the main peer.
+    pub fn rank(&self) -> u32 {
+        self.id.0
+    }
+
+    /// How many peers train together, on every node.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The device this peer trains on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// Checks that every peer holds the same parameters as this one, the fixed sketches
+    /// included: a CRC-32 of each parameter's bytes, compared across peers in one all-reduce.
+    /// (A model copied before Burn initialised its lazy parameters gives copies with weights
+    /// of their own: this check catches it.)
+    ///
+    /// # Errors
+    /// [`DistributedError::ReplicasDiffer`] naming the parameters that differ somewhere; every
+    /// peer gets the same answer. Timeouts and burn-collective's errors as for every operation
+    /// (a model of another structure on some peer is burn-collective's shape mismatch).
+    pub fn check_replicas<BA, M>(&self, module: &M) -> Result<(), DistributedError>
+    where
+        BA: Backend,
+        M: Module<BA>,
+    {
+        let checksums = Checksums::of(module);
+        let values = checksums.agreement_values();
+        let summed = self.all_reduce_values("check replicas", values)?;
+        let parameters = checksums.disagreements(&summed, self.world);
+        if parameters.is_empty() {
+            Ok(())
+        } else {
+            Err(DistributedError::ReplicasDiffer { parameters })
+        }
+    }
+
+    /// Replaces `grads` by the mean of every peer's gradients of `module`, in one all-reduce,
+    /// and tells whether any peer asked to stop (`stop`): every peer then gets the same
+    /// gradients and the same decision.
+    ///
+    /// A gradient missing on some peers counts as zero in the mean; a parameter that no peer
+    /// has a gradient for gets none.
+    ///
+    /// # Errors
+    /// [`DistributedError::Timeout`] and [`DistributedError::Collective`], as for every
+    /// operation.
+    pub fn mean_gradients<BA, M>(
+        &self,
+        module: &M,
+        grads: GradientsParams,
+        stop: bool,
+    ) -> Result<(GradientsParams, bool), DistributedError>
+    where
+        BA: AutodiffBackend<InnerBackend = B>,
+        M: Module<BA>,
+    {
+        self.mean_gradients_of(&GradientLayout::of::<BA, M>(module), grads, stop)
+    }
+
+    /// [`mean_gradients`](Self::mean_gradients) with the module's layout made beforehand.
+    pub(crate) fn mean_gradients_of(
+        &self,
+        layout: &GradientLayout,
+        mut grads: GradientsParams,
+        stop: bool,
+    ) -> Result<(GradientsParams, bool), DistributedError> {
+        const OPERATION: &str = "all-reduce gradients";
+        // The stop flag, and this peer's 1 in the count of peers.
+        let control = [f32::from(u8::from(stop)), 1.0];
+        let bucket = layout.pack::<B>(&mut grads, &control, &self.device);
+        let summed = self.all_reduce(OPERATION, bucket)?;
+        let (mean, control) = layout.unpack(summed, self.world, control.len());
+        self.check_count(OPERATION, control[1])?;
+        self.leave_registration()?;
+        Ok((mean, control[0] > 0.0))
+    }
+
+    /// Whether any peer says `yes`: one small all-reduce, the same answer everywhere.
+    ///
+    /// # Errors
+    /// [`DistributedError::Timeout`] and [`DistributedError::Collective`].
+    pub fn any(&self, yes: bool) -> Result<bool, DistributedError> {
+        // One value per peer: burn-collective's ring cuts a tensor into one slice per node.
+        let values = vec![f32::from(u8::from(yes)); self.world];
+        let summed = self.all_reduce_values("agree", values)?;
+        Ok(summed[0] > 0.0)
+    }
+
+    /// Leaves the run: waits (at most the timeout) until every peer has left, so that
+    /// burn-collective can be used again in this process.
+    ///
+    /// # Errors
+    /// [`DistributedError::Timeout`] and [`DistributedError::Collective`].
+    pub fn leave(self) -> Result<(), DistributedError> {
+        if self
+            .renewal
+            .as_ref()
+            .is_some_and(|renewal| !renewal.is_registered())
+        {
+            // A multi-node peer left its last registration after its last operation.
+            return Ok(());
+        }
+        self.finish()
+    }
+
+    /// The element-wise sum of `values` over every peer.
+    fn all_reduce_values(
+        &self,
+        operation: &'static str,
+        values: Vec<f32>,
+    ) -> Result<Vec<f32>, DistributedError> {
+        let summed = self.all_reduce_values_once(operation, values)?;
+        self.leave_registration()?;
+        Ok(summed)
+    }
+
+    /// [`Self::all_reduce_values`] without renewing a multi-node registration.
+    fn all_reduce_values_once(
+        &self,
+        operation: &'static str,
+        mut values: Vec<f32>,
+    ) -> Result<Vec<f32>, DistributedError> {
+        // This peer's 1 in the count of peers.
+        values.push(1.0);
+        let tensor = Tensor::<B, 1>::from_floats(values.as_slice(), &self.device);
+        let mut summed = self
+            .all_reduce(operation, tensor)?
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .expect("converted to f32");
+        let count = summed.pop().expect("the count of peers");
+        self.check_count(operation, count)?;
+        Ok(summed)
+    }
+
+    /// The element-wise sum of `tensor` over every peer.
+    fn all_reduce(
+        &self,
+        operation: &'static str,
+        tensor: Tensor<B, 1>,
+    ) -> Result<Tensor<B, 1>, DistributedError> {
+        self.rejoin()?;
+        let id = self.id;
+        if self.staged {
+            let host = Tensor::<Flex, 1>::from_data(tensor.into_data(), &FlexDevice);
+            let primitive = host.into_primitive().tensor();
+            let summed = self.call(operation, move || {
+                burn_collective::all_reduce::<Flex>(id, primitive, ReduceOperation::Sum)
+            })?;
+            let summed = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(summed));
+            return Ok(Tensor::from_data(summed.into_data(), &self.device));
+        }
+        let primitive = tensor.into_primitive().tensor();
+        let summed = self.call(operation, move || {
+            burn_collective::all_reduce::<B>(id, primitive, ReduceOperation::Sum)
+        })?;
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
+    }
+
+    /// Registers with burn-collective (of `B`, or of Flex when staged).
+    fn register(
+        &self,
+        operation: &'static str,
+        collective: CollectiveConfig,
+    ) -> Result<(), DistributedError> {
+        let id = self.id;
+        if self.staged {
+            return self.call(operation, move || {
+                burn_collective::register::<Flex>(id, FlexDevice, collective)
+            });
+        }
+        let device = self.device.clone();
+        self.call(operation, move || {
+            burn_collective::register::<B>(id, device, collective)
+        })
+    }
+
+    /// Leaves burn-collective's registration.
+    fn finish(&self) -> Result<(), DistributedError> {
+        let id = self.id;
+        if self.staged {
+            return self.call("finish", move || {
+                burn_collective::finish_collective::<Flex>(id)
+            });
+        }
+        self.call("finish", move || {
+            burn_collective::finish_collective::<B>(id)
+        })
+    }
+
+    /// Checks `count`, the sum of every peer's 1 in `operation`: it must count them all (a
+    /// node that left a multi-node run could otherwise let the others go on without it, each
+    /// training alone on its shard with gradients divided by the whole run's size).
+    fn check_count(&self, operation: &'static str, count: f32) -> Result<(), DistributedError> {
+        if count == self.world as f32 {
+            return Ok(());
+        }
+        self.spent.store(true, Ordering::Relaxed);
+        Err(DistributedError::PeersMissing {
+            peer: self.id.0,
+            operation,
+            expected: self.world,
+            found: count as usize,
+        })
+    }
+
+    /// In a multi-node run, leaves the registration after its one operation: burn-collective
+    /// 0.21.0 completes one global operation per registration (see `renewal.rs` for the bug
+    /// and for how the nodes keep in step). The next operation registers again.
+    fn leave_registration(&self) -> Result<(), DistributedError> {
+        let Some(renewal) = &self.renewal else {
+            return Ok(());
+        };
+        renewal.mark_left();
+        self.finish()
+    }
+
+    /// In a multi-node run, registers again before an operation, once every node has left
+    /// the last registration, and waits until every node serves data for the new one. Multi-node
+    /// runs have one peer per node: with several, a peer could register again before the others
+    /// on its node had left.
+    fn rejoin(&self) -> Result<(), DistributedError> {
+        let Some(renewal) = self.renewal.as_ref().filter(|r| !r.is_registered()) else {
+            return Ok(());
+        };
+        let id = self.id;
+        let timeout = |operation| {
+            move |error: crate::renewal::WaitError| {
+                self.spent.store(true, Ordering::Relaxed);
+                tracing::error!("peer {}: node {} did not {operation}", id.0, error.rank);
+                DistributedError::Timeout {
+                    peer: id.0,
+                    operation,
+                    timeout: self.timeout,
+                }
+            }
+        };
+        renewal
+            .wait_all_left(self.timeout)
+            .map_err(timeout("leave the last registration"))?;
+        self.register("register again", renewal.next()?)?;
+        renewal
+            .wait_all_serving(self.timeout)
+            .map_err(timeout("serve data for the new registration"))?;
+        Ok(())
+    }
+
+    /// Runs `operation` on the peer's collective thread and waits at most the timeout.
+    fn call<T: Send + 'static>(
+        &self,
+        name: &'static str,
+        operation: impl FnOnce() -> Result<T, CollectiveError> + Send + 'static,
+    ) -> Result<T, DistributedError> {
+        let timeout = DistributedError::Timeout {
+            peer: self.id.0,
+            operation: name,
+            timeout: self.timeout,
+        };
+        if self.spent.load(Ordering::Relaxed) {
+            return Err(timeout);
+        }
+        let (answer, receive) = mpsc::sync_channel(1);
+        let start = Instant::now();
+        self.jobs
+            .send(Box::new(move || {
+                let _ = answer.send(operation());
+            }))
+            .map_err(|_| DistributedError::Collective {
+                peer: self.id.0,
+                operation: name,
+                message: "the peer's collective thread is gone".into(),
+            })?;
+        match receive.recv_timeout(self.timeout) {
+            Ok(Ok(value)) => {
+                tracing::trace!("peer {}: {name} in {:?}", self.id.0, start.elapsed());
+                Ok(value)
+            }
+            Ok(Err(error)) => Err(DistributedError::Collective {
+                peer: self.id.0,
+                operation: name,
+                message: format!("{error:?}"),
+            }),
+            Err(_) => {
+                self.spent.store(true, Ordering::Relaxed);
+                tracing::error!(
+                    "peer {}: {name} timed out after {:?}",
+                    self.id.0,
+                    self.timeout
+                );
+                Err(timeout)
+            }
+        }
+    }
+}
+
+/// Gives burn-collective's collectives of `B` (and of Flex, for staged peers) a fresh start:
+/// an earlier run's peers are gone.
+pub(crate) fn reset_collectives<B: Backend>() {
+    burn_collective::reset_collective::<B>();
+    burn_collective::reset_collective::<Flex>();
+}

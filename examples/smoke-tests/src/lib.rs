@@ -1,0 +1,1 @@
+//! The examples' smoke tests live under `tests/`; this library is empty.
