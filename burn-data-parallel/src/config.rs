@@ -8,7 +8,6 @@ use burn_collective::{AllReduceStrategy, CollectiveConfig};
 use burn_communication::Address;
 
 use crate::DistributedError;
-use crate::renewal::MAX_HOST_LEN;
 
 /// A data-parallel run: how long a collective operation may wait, and the machines when there
 /// are several.
@@ -81,6 +80,10 @@ impl NodeConfig {
     }
 }
 
+/// The longest host name a node may give (a DNS name has at most 253 bytes).
+pub(crate) const MAX_HOST_LEN: usize = 253;
+
+/// `address` (`host:port`, with or without `ws://`) as a WebSocket address.
 pub(crate) fn websocket_address(address: &str) -> Result<Address, DistributedError> {
     let (address, _) = websocket_address_and_port(address)?;
     Address::from_str(&address).map_err(DistributedError::InvalidConfig)

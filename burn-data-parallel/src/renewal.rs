@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use burn_collective::CollectiveConfig;
 
-use crate::config::websocket_address;
+use crate::config::{MAX_HOST_LEN, websocket_address};
 use crate::{DistributedError, NodeConfig};
 
 /// How long one probe of a port may take.
@@ -38,8 +38,6 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(1);
 /// Values per node in the exchange of data addresses: the port, the length of the host's
 /// name, and the name's bytes (a DNS name has at most 253).
 const ADDRESS_VALUES: usize = 2 + MAX_HOST_LEN;
-/// The longest host name a node may give.
-pub(crate) const MAX_HOST_LEN: usize = 253;
 
 /// A node's data server: the host the others reach it at, and its first port.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -192,7 +192,7 @@ struct PeerRun<M> {
 impl<LC> SupervisedLearningStrategy<LC> for Strategy<LC>
 where
     LC: LearningComponentsTypes + Send + 'static,
-    <LC::Backend as AutodiffBackend>::InnerBackend: DeviceTransfer,
+    Inner<LC>: DeviceTransfer,
 {
     fn fit(
         &self,
@@ -232,61 +232,14 @@ where
             interrupter: &components.interrupter,
             processor: &processor,
         };
-        let mut main = is_main_node.then(|| Main::<LC> {
+        let main = is_main_node.then(|| Main::<LC> {
             valid: dataloader_valid.to_device(&self.devices[0]),
             checkpointer: components.checkpointer,
             early_stopping: components.early_stopping,
             event_store: components.event_store,
         });
 
-        let results: Vec<Result<PeerRun<TrainingModel<LC>>, DistributedError>> =
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = self
-                    .devices
-                    .iter()
-                    .enumerate()
-                    .map(|(local, device)| {
-                        let rank = self.config.global_rank(local_peers, local) as usize;
-                        let shard = dataloader_train
-                            .slice(rank * shard_len, (rank + 1) * shard_len)
-                            .to_device(device);
-                        let learner = learner.clone();
-                        let main = if local == 0 { main.take() } else { None };
-                        let shared = &shared;
-                        std::thread::Builder::new()
-                            .name(format!("data-parallel peer {rank}"))
-                            .spawn_scoped(scope, move || {
-                                let run = || {
-                                    run_peer(shared, local, device.clone(), learner, shard, main)
-                                };
-                                match shared.config.threads_per_peer {
-                                    None => run(),
-                                    Some(threads) => rayon::ThreadPoolBuilder::new()
-                                        .num_threads(threads)
-                                        .thread_name(move |i| format!("peer {rank} compute {i}"))
-                                        .build()
-                                        .map_err(|error| DistributedError::InvalidConfig(format!(
-                                            "a pool of {threads} threads for peer {rank}: {error}"
-                                        )))?
-                                        .install(run),
-                                }
-                            })
-                            .expect("a thread for the peer")
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .enumerate()
-                    .map(|(local, handle)| {
-                        handle.join().unwrap_or_else(|panic| {
-                            Err(DistributedError::PeerPanicked {
-                                peer: self.config.global_rank(local_peers, local),
-                                message: panic_message(panic.as_ref()),
-                            })
-                        })
-                    })
-                    .collect()
-            });
+        let results = self.run_peers(&shared, &learner, &dataloader_train, shard_len, main);
         let processor = processor.into_inner().unwrap_or_else(|p| p.into_inner());
 
         // The error to report is the first peer's that is not a timeout: a timeout is usually
@@ -326,6 +279,72 @@ where
     }
 }
 
+impl<LC> Strategy<LC>
+where
+    LC: LearningComponentsTypes + Send + 'static,
+    Inner<LC>: DeviceTransfer,
+{
+    /// Runs one peer per device, each on a thread of its own (in a rayon pool of its own with
+    /// `threads_per_peer`) with its shard of `dataloader_train`; local peer 0 gets `main`.
+    /// Returns each peer's run, or its error (a panic included), in local order.
+    fn run_peers(
+        &self,
+        shared: &Shared<'_, LC>,
+        learner: &Learner<LC>,
+        dataloader_train: &TrainLoader<LC>,
+        shard_len: usize,
+        mut main: Option<Main<LC>>,
+    ) -> Vec<Result<PeerRun<TrainingModel<LC>>, DistributedError>> {
+        let local_peers = self.devices.len();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> =
+                self.devices
+                    .iter()
+                    .enumerate()
+                    .map(|(local, device)| {
+                        let rank = self.config.global_rank(local_peers, local) as usize;
+                        let shard = dataloader_train
+                            .slice(rank * shard_len, (rank + 1) * shard_len)
+                            .to_device(device);
+                        let learner = learner.clone();
+                        let main = if local == 0 { main.take() } else { None };
+                        std::thread::Builder::new()
+                            .name(format!("data-parallel peer {rank}"))
+                            .spawn_scoped(scope, move || {
+                                let run = || {
+                                    run_peer(shared, local, device.clone(), learner, shard, main)
+                                };
+                                match shared.config.threads_per_peer {
+                                None => run(),
+                                Some(threads) => rayon::ThreadPoolBuilder::new()
+                                    .num_threads(threads)
+                                    .thread_name(move |i| format!("peer {rank} compute {i}"))
+                                    .build()
+                                    .map_err(|error| DistributedError::InvalidConfig(format!(
+                                        "a pool of {threads} threads for peer {rank}: {error}"
+                                    )))?
+                                    .install(run),
+                            }
+                            })
+                            .expect("a thread for the peer")
+                    })
+                    .collect();
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(local, handle)| {
+                    handle.join().unwrap_or_else(|panic| {
+                        Err(DistributedError::PeerPanicked {
+                            peer: self.config.global_rank(local_peers, local),
+                            message: panic_message(panic.as_ref()),
+                        })
+                    })
+                })
+                .collect()
+        })
+    }
+}
+
 /// One peer's training: join, check the replicas, then the epochs.
 fn run_peer<LC>(
     shared: &Shared<'_, LC>,
@@ -337,9 +356,8 @@ fn run_peer<LC>(
 ) -> Result<PeerRun<TrainingModel<LC>>, DistributedError>
 where
     LC: LearningComponentsTypes,
-    <LC::Backend as AutodiffBackend>::InnerBackend: DeviceTransfer,
+    Inner<LC>: DeviceTransfer,
 {
-    type Inner<LC> = <<LC as LearningComponentsTypes>::Backend as AutodiffBackend>::InnerBackend;
     let peer = Rc::new(Peer::<Inner<LC>>::join(
         local,
         shared.local_peers,
@@ -349,7 +367,6 @@ where
     burn_memory::fork_replica(|| learner.fork(&device));
     peer.check_replicas(&learner.model())?;
     let layout = Rc::new(GradientLayout::of(&learner.model()));
-    let world = peer.world_size();
     let (mut steps, mut items, mut collective) = (0, 0, Duration::ZERO);
 
     for epoch in shared.starting_epoch..=shared.num_epochs {
@@ -357,75 +374,22 @@ where
             items_processed: epoch,
             items_total: shared.num_epochs,
         };
-        let mut iterator = shard.iter();
-        let mut iteration = 0;
-        let mut accumulator = GradientsAccumulator::new();
-        let mut accumulated = 0;
-        let mut stop = false;
-        let mut epoch_items = 0;
-        while let Some(item) = iterator.next() {
-            iteration += world;
-            learner.lr_step();
-            let asked = shared.interrupter.should_stop();
-
-            let reduction = Rc::new(StepReduction::new(peer.clone(), layout.clone(), asked));
-            let output = with_gradient_reduction(reduction.clone(), || learner.train_step(item));
-            let (grads, any_stop) = match reduction.outcome() {
-                Some(reduced) => (output.grads, reduced?),
-                None => {
-                    let reduced = Instant::now();
-                    let result = peer.mean_gradients_of(&layout, output.grads, asked)?;
-                    collective += reduced.elapsed();
-                    result
-                }
-            };
-            match shared.grad_accumulation {
-                Some(every) => {
-                    accumulator.accumulate(&learner.model(), grads);
-                    accumulated += 1;
-                    if accumulated >= every {
-                        learner.optimizer_step(accumulator.grads());
-                        accumulated = 0;
-                    }
-                }
-                None => learner.optimizer_step(grads),
-            }
-            steps += 1;
-
-            let mut progress = iterator.progress();
-            epoch_items = progress.items_processed;
-            progress.items_processed *= world;
-            progress.items_total *= world;
-            let item = TrainingItem::new(
-                output.item,
-                progress,
-                global_progress.clone(),
-                Some(iteration),
-                Some(learner.lr_current()),
-            );
-            burn_memory::lock(shared.processor).process_train(LearnerEvent::ProcessedItem(item));
-            if any_stop {
-                stop = true;
-                break;
-            }
-        }
-
-        items += epoch_items;
-        let mut stop_here = false;
-        if let Some(main) = &mut main {
-            burn_memory::lock(shared.processor).process_train(LearnerEvent::EndEpoch(epoch));
-            if !stop {
-                validate::<LC>(&learner, &main.valid, &global_progress, shared);
-                if let Some(checkpointer) = &mut main.checkpointer {
-                    checkpointer.checkpoint(&learner, epoch, &main.event_store);
-                }
-                stop_here = main
-                    .early_stopping
-                    .as_mut()
-                    .is_some_and(|early| early.should_stop(epoch, &main.event_store));
-            }
-        }
-        if stop {
+        let run = train_epoch(
+            shared,
+            &peer,
+            &layout,
+            &mut learner,
+            &shard,
+            &global_progress,
+        )?;
+        steps += run.steps;
+        items += run.items;
+        collective += run.collective;
+        let stop_here = match &mut main {
+            Some(main) => end_epoch(main, &learner, &global_progress, shared, run.stop),
+            None => false,
+        };
+        if run.stop {
             break;
         }
         // The main peer's early stopping, or an interrupt seen anywhere, ends the run for all.
@@ -438,7 +402,7 @@ where
     }
 
     let model = learner.model();
-    let peer = Rc::try_unwrap(peer).unwrap_or_else(|_| unreachable!("the step scopes ended"));
+    let peer = Rc::try_unwrap(peer).unwrap_or_else(|_| unreachable!("the step reductions ended"));
     peer.leave()?;
     Ok(PeerRun {
         model,
@@ -446,6 +410,116 @@ where
         items,
         collective,
     })
+}
+
+/// The inner backend of a learner's training backend: the one peers reduce on.
+type Inner<LC> = <<LC as LearningComponentsTypes>::Backend as AutodiffBackend>::InnerBackend;
+
+/// What one epoch of a peer's training did.
+struct EpochRun {
+    /// Optimizer steps taken (one per batch).
+    steps: usize,
+    /// Items of this peer's shard trained on.
+    items: usize,
+    /// Time spent in the all-reduces the strategy ran itself.
+    collective: Duration,
+    /// Whether a peer asked to stop: the epoch ended after that step.
+    stop: bool,
+}
+
+/// One epoch of a peer over its shard: each step's gradients averaged over every peer (inside
+/// the step when mixed precision asks for them, after it otherwise), then applied, with or
+/// without accumulation; every step reported to the event processor.
+fn train_epoch<LC: LearningComponentsTypes>(
+    shared: &Shared<'_, LC>,
+    peer: &Rc<Peer<Inner<LC>>>,
+    layout: &Rc<GradientLayout>,
+    learner: &mut Learner<LC>,
+    shard: &TrainLoader<LC>,
+    global_progress: &Progress,
+) -> Result<EpochRun, DistributedError> {
+    let world = peer.world_size();
+    let mut run = EpochRun {
+        steps: 0,
+        items: 0,
+        collective: Duration::ZERO,
+        stop: false,
+    };
+    let mut iterator = shard.iter();
+    let mut iteration = 0;
+    let mut accumulator = GradientsAccumulator::new();
+    let mut accumulated = 0;
+    while let Some(item) = iterator.next() {
+        iteration += world;
+        learner.lr_step();
+        let asked = shared.interrupter.should_stop();
+
+        let reduction = Rc::new(StepReduction::new(peer.clone(), layout.clone(), asked));
+        let output = with_gradient_reduction(reduction.clone(), || learner.train_step(item));
+        let (grads, any_stop) = match reduction.outcome() {
+            Some(reduced) => (output.grads, reduced?),
+            None => {
+                let reduced = Instant::now();
+                let result = peer.mean_gradients_of(layout, output.grads, asked)?;
+                run.collective += reduced.elapsed();
+                result
+            }
+        };
+        match shared.grad_accumulation {
+            Some(every) => {
+                accumulator.accumulate(&learner.model(), grads);
+                accumulated += 1;
+                if accumulated >= every {
+                    learner.optimizer_step(accumulator.grads());
+                    accumulated = 0;
+                }
+            }
+            None => learner.optimizer_step(grads),
+        }
+        run.steps += 1;
+
+        let mut progress = iterator.progress();
+        run.items = progress.items_processed;
+        progress.items_processed *= world;
+        progress.items_total *= world;
+        let item = TrainingItem::new(
+            output.item,
+            progress,
+            global_progress.clone(),
+            Some(iteration),
+            Some(learner.lr_current()),
+        );
+        burn_memory::lock(shared.processor).process_train(LearnerEvent::ProcessedItem(item));
+        if any_stop {
+            run.stop = true;
+            break;
+        }
+    }
+    Ok(run)
+}
+
+/// The main peer's end of an epoch: the dashboard's epoch ends and, unless the run stops
+/// (`stopping`), validation, the checkpoint and early stopping run. Returns whether early
+/// stopping asks to stop.
+fn end_epoch<LC: LearningComponentsTypes>(
+    main: &mut Main<LC>,
+    learner: &Learner<LC>,
+    global_progress: &Progress,
+    shared: &Shared<'_, LC>,
+    stopping: bool,
+) -> bool {
+    let epoch = global_progress.items_processed;
+    burn_memory::lock(shared.processor).process_train(LearnerEvent::EndEpoch(epoch));
+    if stopping {
+        return false;
+    }
+    validate::<LC>(learner, &main.valid, global_progress, shared);
+    if let Some(checkpointer) = &mut main.checkpointer {
+        checkpointer.checkpoint(learner, epoch, &main.event_store);
+    }
+    main.early_stopping
+        .as_mut()
+        .is_some_and(|early| early.should_stop(epoch, &main.event_store))
 }
 
 /// The main peer's validation epoch, as burn-train's single-device strategy runs it.

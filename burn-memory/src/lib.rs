@@ -78,11 +78,11 @@ pub use measure::{DeviceMemoryMetric, MemoryQuantity};
 pub use measure::{PlotFormat, register_plot_font};
 pub use placement::{DeviceTransfer, MapLayer, Placed, Placement, ToDevice};
 pub use training::{
-    BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, Checkpointing, GradientReduction,
-    Layers, LossScale, MemoryBudget, MixedPrecision, MixedPrecisionConfig, MixedPrecisionRecord,
-    Precision, SegmentSeeds, SegmentState, SegmentedGrads, Segments, SharedMixedPrecision,
-    StepOutcome, Trial, TrialFailure, TrialOutcome, WithAutodiff, fork_replica, segmented_backward,
-    with_gradient_reduction,
+    BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, BatchTrial, BatchTrialFailure,
+    BatchTrialOutcome, Checkpointing, GradientReduction, Layers, LossScale, MemoryBudget,
+    MixedPrecision, MixedPrecisionConfig, MixedPrecisionRecord, Precision, SegmentSeeds,
+    SegmentState, SegmentedGrads, Segments, SharedMixedPrecision, StepOutcome, WithAutodiff,
+    fork_replica, segmented_backward, with_gradient_reduction,
 };
 
 /// Locks `mutex`, taking over a poisoned lock: every state behind this workspace's mutexes is

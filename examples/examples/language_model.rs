@@ -367,7 +367,7 @@ where
         for (seed, dense) in &dense_models {
             B::seed(&device, *seed);
             let (model, report) = Converter::new()
-                .rule(Selection::types(["MultiHeadAttention", "Mlp"]), kind)
+                .rule(Selection::types(["AnyMultiHeadAttention", "Mlp"]), kind)
                 .apply(dense.clone())?;
             tracing::info!("converted:\n{report}");
             let start = valid_bpc(&model.valid(), &valid);
@@ -845,7 +845,7 @@ where
                 blocks,
                 ..model.clone()
             },
-            &burn_memory::offload::Selection::default(),
+            &burn_memory::offload::OffloadSelection::default(),
         )
         .map_err(|e| e.error)?;
     let start = Instant::now();

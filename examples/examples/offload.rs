@@ -21,11 +21,13 @@ use burn::nn::Linear;
 use burn::tensor::activation::relu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use burn_memory::offload::{OffloadConfig, OffloadManager, Selection};
+use burn_memory::offload::{OffloadConfig, OffloadManager, OffloadSelection};
 use burn_memory::{Bytes as ByteSize, DeviceMemory, Layers, MemoryReport, MemoryTracker};
 use clap::Parser;
 use examples::backend::BackendKind;
 use indicatif::{ProgressBar, ProgressStyle};
+use rand_xoshiro::SplitMix64;
+use rand_xoshiro::rand_core::{Rng, SeedableRng};
 use serde::Serialize;
 
 /// Memory figures on CPU backends are exact heap bytes.
@@ -96,16 +98,10 @@ impl<B: Backend> Layers<B> for Stack<B> {
 /// without keeping a copy of it.
 fn layer_data(layer: usize, part: u64, width: usize) -> TensorData {
     let bound = 1.0 / (width as f32).sqrt();
-    let mut state = (layer as u64 * 2 + part).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    let mut next = move || {
-        // SplitMix64.
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        ((z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * bound
-    };
+    let mut rng =
+        SplitMix64::seed_from_u64((layer as u64 * 2 + part).wrapping_mul(0xbf58_476d_1ce4_e5b9));
+    let mut next =
+        move || ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * bound;
     match part {
         0 => TensorData::new((0..width * width).map(|_| next()).collect(), [width, width]),
         _ => TensorData::new((0..width).map(|_| next()).collect(), [width]),
@@ -287,7 +283,7 @@ fn run<B: DeviceMemory>(args: &Args) -> anyhow::Result<()> {
         let (model, wrap) = tracker.profile(|| {
             manager.wrap(
                 lazy_stack::<B>(args.layers, args.width, &device),
-                &Selection::default(),
+                &OffloadSelection::default(),
             )
         })?;
         let model = model.map_err(|error| error.error)?;
@@ -382,7 +378,7 @@ fn monitor_overhead<B: DeviceMemory>(
         let model = manager
             .wrap(
                 lazy_stack::<B>(args.layers, args.width, &device),
-                &Selection::default(),
+                &OffloadSelection::default(),
             )
             .map_err(|error| error.error)?;
         model.forward_layers(input.clone())?;

@@ -420,19 +420,13 @@ fn mlp_profile() -> Result<Profile> {
 // ---- the synthetic profile --------------------------------------------------------------------
 
 /// A small deterministic generator (xorshift), so the synthetic profile is the same each run.
-struct Rng(u64);
+struct Rng(rand_xoshiro::SplitMix64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
     /// Uniform in `low..high`.
     fn range(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next() % (high - low).max(1)
+        use rand_xoshiro::rand_core::Rng as _;
+        low + self.0.next_u64() % (high - low).max(1)
     }
 }
 
@@ -452,7 +446,7 @@ fn synthetic_profile(allocations: usize) -> Profile {
     scope_names.extend((0..LAYERS).map(|layer| format!("layer{layer}")));
     let layer_scope = |layer: usize| (3 + layer) as u32;
 
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng(rand_xoshiro::rand_core::SeedableRng::seed_from_u64(1));
     let mut ops = Vec::with_capacity(op_count);
     let mut events: Vec<AllocEvent> = Vec::with_capacity(2 * allocations);
     let mut activations: Vec<(u64, u64)> = Vec::new(); // (address, size), forward's kept blocks

@@ -7,7 +7,7 @@
 //! reports its peak as [`MemoryTracker`] measures it.
 //!
 //! Out-of-memory is contained, not fatal: a trial may return
-//! [`TrialFailure::OutOfMemory`] (for example from a CUDA allocation error read back as a
+//! [`BatchTrialFailure::OutOfMemory`] (for example from a CUDA allocation error read back as a
 //! `Result`) or panic with an out-of-memory message (wgpu panics on failed allocations); both
 //! count as "did not fit". A panic that is not about memory is a bug in the step and is
 //! propagated unchanged.
@@ -132,14 +132,14 @@ impl BatchSizeSearchConfig {
 
 /// Why a trial did not complete.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TrialFailure {
+pub enum BatchTrialFailure {
     /// The device ran out of memory.
     OutOfMemory(String),
 }
 
 /// How one trial ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TrialOutcome {
+pub enum BatchTrialOutcome {
     /// The step ran and its peak was within budget.
     Fits,
     /// The step ran but its peak exceeded the budget.
@@ -150,14 +150,14 @@ pub enum TrialOutcome {
 
 /// One batch size tried.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Trial {
+pub struct BatchTrial {
     /// The batch size.
     pub batch_size: usize,
     /// The measured peak (see [`MemoryTracker`]); for an out-of-memory trial, the peak up to
     /// the failure.
     pub peak: u64,
     /// How it ended.
-    pub outcome: TrialOutcome,
+    pub outcome: BatchTrialOutcome,
 }
 
 /// What a search found.
@@ -170,7 +170,7 @@ pub struct BatchSearchResult {
     /// The budget in bytes.
     pub budget: u64,
     /// Every trial, in the order run.
-    pub trials: Vec<Trial>,
+    pub trials: Vec<BatchTrial>,
 }
 
 impl fmt::Display for BatchSearchResult {
@@ -185,9 +185,9 @@ impl fmt::Display for BatchSearchResult {
         )?;
         for trial in &self.trials {
             let outcome = match &trial.outcome {
-                TrialOutcome::Fits => "fits".to_string(),
-                TrialOutcome::OverBudget => "over budget".to_string(),
-                TrialOutcome::OutOfMemory(message) => format!("out of memory ({message})"),
+                BatchTrialOutcome::Fits => "fits".to_string(),
+                BatchTrialOutcome::OverBudget => "over budget".to_string(),
+                BatchTrialOutcome::OutOfMemory(message) => format!("out of memory ({message})"),
             };
             writeln!(
                 f,
@@ -220,17 +220,17 @@ impl<B: DeviceMemory> BatchSizeSearch<B> {
     /// `step` must do everything a real training step does at that batch size.
     pub fn run(
         &self,
-        mut step: impl FnMut(usize) -> Result<(), TrialFailure>,
+        mut step: impl FnMut(usize) -> Result<(), BatchTrialFailure>,
     ) -> Result<BatchSearchResult, MemoryError> {
         let mut trials = Vec::new();
-        let mut fits = |batch: usize, trials: &mut Vec<Trial>| -> Result<bool, MemoryError> {
+        let mut fits = |batch: usize, trials: &mut Vec<BatchTrial>| -> Result<bool, MemoryError> {
             let trial = self.trial(batch, &mut step)?;
             tracing::info!(
                 "batch-size search: {batch} -> peak {} ({:?})",
                 Bytes(trial.peak),
                 trial.outcome
             );
-            let ok = trial.outcome == TrialOutcome::Fits;
+            let ok = trial.outcome == BatchTrialOutcome::Fits;
             trials.push(trial);
             Ok(ok)
         };
@@ -242,7 +242,9 @@ impl<B: DeviceMemory> BatchSizeSearch<B> {
             return Err(MemoryError::NothingFits {
                 batch_size: good,
                 reason: match &trial.outcome {
-                    TrialOutcome::OutOfMemory(message) => format!("ran out of memory: {message}"),
+                    BatchTrialOutcome::OutOfMemory(message) => {
+                        format!("ran out of memory: {message}")
+                    }
                     _ => format!(
                         "peaked at {}, over the {} budget",
                         Bytes(trial.peak),
@@ -279,7 +281,7 @@ impl<B: DeviceMemory> BatchSizeSearch<B> {
         let peak = trials
             .iter()
             .rev()
-            .find(|t| t.batch_size == good && t.outcome == TrialOutcome::Fits)
+            .find(|t| t.batch_size == good && t.outcome == BatchTrialOutcome::Fits)
             .map_or(0, |t| t.peak);
         Ok(BatchSearchResult {
             batch_size: good,
@@ -292,13 +294,13 @@ impl<B: DeviceMemory> BatchSizeSearch<B> {
     fn trial(
         &self,
         batch: usize,
-        step: &mut impl FnMut(usize) -> Result<(), TrialFailure>,
-    ) -> Result<Trial, MemoryError> {
+        step: &mut impl FnMut(usize) -> Result<(), BatchTrialFailure>,
+    ) -> Result<BatchTrial, MemoryError> {
         self.tracker.reset_peak()?;
         let ran = catch_unwind(AssertUnwindSafe(|| step(batch)));
         let outcome = match ran {
             Ok(Ok(())) => None,
-            Ok(Err(TrialFailure::OutOfMemory(message))) => Some(message),
+            Ok(Err(BatchTrialFailure::OutOfMemory(message))) => Some(message),
             Err(payload) => match panic_message(&payload) {
                 Some(message) if is_out_of_memory(&message) => Some(message),
                 _ => resume_unwind(payload),
@@ -307,13 +309,13 @@ impl<B: DeviceMemory> BatchSizeSearch<B> {
         // After a failure the device may still hold the partial step's buffers; the next
         // trial's `reset_peak` releases them, so that it starts clean.
         let peak = self.tracker.peak()?;
-        Ok(Trial {
+        Ok(BatchTrial {
             batch_size: batch,
             peak,
             outcome: match outcome {
-                Some(message) => TrialOutcome::OutOfMemory(message),
-                None if peak > self.budget => TrialOutcome::OverBudget,
-                None => TrialOutcome::Fits,
+                Some(message) => BatchTrialOutcome::OutOfMemory(message),
+                None if peak > self.budget => BatchTrialOutcome::OverBudget,
+                None => BatchTrialOutcome::Fits,
             },
         })
     }

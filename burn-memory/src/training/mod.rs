@@ -17,8 +17,8 @@ pub mod replica;
 mod shared_mixed_precision;
 
 pub use batch_search::{
-    BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, MemoryBudget, Trial, TrialFailure,
-    TrialOutcome,
+    BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, BatchTrial, BatchTrialFailure,
+    BatchTrialOutcome, MemoryBudget,
 };
 pub use checkpointing::{
     Checkpointing, Layers, SegmentSeeds, SegmentState, SegmentedGrads, Segments, WithAutodiff,

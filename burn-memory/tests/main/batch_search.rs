@@ -7,22 +7,22 @@ use std::ops::RangeInclusive;
 use burn::backend::NdArray;
 use burn::tensor::{Distribution, ElementConversion, Tensor};
 use burn_memory::{
-    BatchSearchResult, BatchSizeSearchConfig, DeviceMemory, MemoryBudget, MemoryError,
-    MemoryTracker, TrialFailure, TrialOutcome,
+    BatchSearchResult, BatchSizeSearchConfig, BatchTrialFailure, BatchTrialOutcome, DeviceMemory,
+    MemoryBudget, MemoryError, MemoryTracker,
 };
 
 type B = NdArray;
 
 /// A "training step" whose memory grows with the batch: 1 MiB of touched f32 per sample, plus
 /// a product of the same size.
-fn step_on<D: DeviceMemory>(batch: usize, device: &D::Device) -> Result<(), TrialFailure> {
+fn step_on<D: DeviceMemory>(batch: usize, device: &D::Device) -> Result<(), BatchTrialFailure> {
     let x = Tensor::<D, 2>::random([batch, 256 * 1024], Distribution::Default, device);
     let y = x.clone().mul_scalar(2.0) + x;
     assert!(y.sum().into_scalar().elem::<f32>().is_finite());
     Ok(())
 }
 
-fn step(batch: usize) -> Result<(), TrialFailure> {
+fn step(batch: usize) -> Result<(), BatchTrialFailure> {
     step_on::<B>(batch, &Default::default())
 }
 
@@ -49,7 +49,7 @@ pub(crate) fn search_respects_the_budget<D: DeviceMemory>(
     let chosen = result
         .trials
         .iter()
-        .find(|t| t.batch_size == result.batch_size && t.outcome == TrialOutcome::Fits)
+        .find(|t| t.batch_size == result.batch_size && t.outcome == BatchTrialOutcome::Fits)
         .expect("the chosen size was tried and fit");
     assert!(chosen.peak <= budget, "{result}");
     assert_eq!(result.peak, chosen.peak, "{result}");
@@ -60,9 +60,9 @@ pub(crate) fn search_respects_the_budget<D: DeviceMemory>(
         .find(|t| t.batch_size == result.batch_size + 1)
         .unwrap_or_else(|| panic!("the size above the result was tried: {result}"));
     match &next.outcome {
-        TrialOutcome::OverBudget => assert!(next.peak > budget, "{result}"),
-        TrialOutcome::OutOfMemory(_) => {}
-        TrialOutcome::Fits => panic!("the size above the result fit: {result}"),
+        BatchTrialOutcome::OverBudget => assert!(next.peak > budget, "{result}"),
+        BatchTrialOutcome::OutOfMemory(_) => {}
+        BatchTrialOutcome::Fits => panic!("the size above the result fit: {result}"),
     }
     assert!(
         expected.contains(&result.batch_size),
@@ -91,7 +91,7 @@ fn budget_and_recovery() {
         .iter()
         .find(|t| t.batch_size == result.batch_size + 1)
         .unwrap();
-    assert_eq!(next.outcome, TrialOutcome::OverBudget, "{result}");
+    assert_eq!(next.outcome, BatchTrialOutcome::OverBudget, "{result}");
 
     // An out-of-memory failure, returned or panicked, is contained and counts as "too big".
     let search = BatchSizeSearchConfig::new(MemoryBudget::FractionOfDevice(1.0))
@@ -104,7 +104,9 @@ fn budget_and_recovery() {
                 panic!("wgpu: Failed to allocate buffer: Out of Memory (batch {batch})");
             }
             if batch == 20 {
-                return Err(TrialFailure::OutOfMemory("CUDA_ERROR_OUT_OF_MEMORY".into()));
+                return Err(BatchTrialFailure::OutOfMemory(
+                    "CUDA_ERROR_OUT_OF_MEMORY".into(),
+                ));
             }
             step(batch.min(4))
         })
@@ -114,7 +116,7 @@ fn budget_and_recovery() {
         result
             .trials
             .iter()
-            .any(|t| t.batch_size == 32 && matches!(t.outcome, TrialOutcome::OutOfMemory(_)))
+            .any(|t| t.batch_size == 32 && matches!(t.outcome, BatchTrialOutcome::OutOfMemory(_)))
     );
 
     // On multiples of 4 only, the same failures give 16, found without trying 17-19.
@@ -127,7 +129,9 @@ fn budget_and_recovery() {
     let result = search
         .run(|batch| {
             if batch >= 20 {
-                return Err(TrialFailure::OutOfMemory("CUDA_ERROR_OUT_OF_MEMORY".into()));
+                return Err(BatchTrialFailure::OutOfMemory(
+                    "CUDA_ERROR_OUT_OF_MEMORY".into(),
+                ));
             }
             step(batch.min(4))
         })

@@ -11,7 +11,7 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::activation::relu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
-use burn_memory::offload::{OffloadConfig, OffloadManager, OffloadedModel, Selection};
+use burn_memory::offload::{OffloadConfig, OffloadManager, OffloadSelection, OffloadedModel};
 use burn_memory::{DeviceMemory, Layers, MemoryError, MemoryTracker};
 
 /// A stack of linear layers with ReLU between them.
@@ -137,7 +137,7 @@ pub fn every_tier_matches_the_resident_model<B: DeviceMemory>(device: &B::Device
         let to_disk = !config.host_tier;
         let manager = OffloadManager::<B>::new(config, device).unwrap();
         let model = manager
-            .wrap(resident.clone(), &Selection::default())
+            .wrap(resident.clone(), &OffloadSelection::default())
             .unwrap();
         assert_eq!(model.module_count(), WIDTHS.len() - 1, "{name}");
         for pass in 0..3 {
@@ -231,7 +231,7 @@ fn a_cache_directory_that_cannot_be_created_or_written_fails_the_wrap_and_return
         let config = config(&dir).with_host_tier(false);
         let manager = OffloadManager::<Flex>::new(config, &device).unwrap();
         let error = manager
-            .wrap(resident.clone(), &Selection::default())
+            .wrap(resident.clone(), &OffloadSelection::default())
             .unwrap_err();
         assert!(
             matches!(error.error, MemoryError::Io { .. }),
@@ -257,7 +257,7 @@ fn a_full_disk_cache_keeps_modules_on_the_host_or_fails_the_wrap() {
         .with_max_disk_bytes(largest + 4096);
     let manager = OffloadManager::<Flex>::new(spill, &device).unwrap();
     let model = manager
-        .wrap(resident.clone(), &Selection::default())
+        .wrap(resident.clone(), &OffloadSelection::default())
         .unwrap();
     let summary = manager.summary();
     // 18 + 31 KB do not fit 35 KB: some modules stay on the host, none is lost.
@@ -283,7 +283,7 @@ fn a_full_disk_cache_keeps_modules_on_the_host_or_fails_the_wrap() {
         .with_max_disk_bytes(largest + 4096);
     let manager = OffloadManager::<Flex>::new(full, &device).unwrap();
     let error = manager
-        .wrap(resident.clone(), &Selection::default())
+        .wrap(resident.clone(), &OffloadSelection::default())
         .unwrap_err();
     assert!(
         matches!(error.error, MemoryError::OffloadDiskFull { .. }),
@@ -329,7 +329,7 @@ fn damaged_or_deleted_cache_files_are_errors_never_outputs() {
                     .with_compress_disk_cache(compress);
                 let manager = OffloadManager::<Flex>::new(config, &device).unwrap();
                 let model = manager
-                    .wrap(resident.clone(), &Selection::default())
+                    .wrap(resident.clone(), &OffloadSelection::default())
                     .unwrap();
                 assert_eq!(
                     model.forward_layers(x.clone()).unwrap().into_data(),
@@ -370,7 +370,7 @@ fn two_threads_at_once_get_the_outputs_of_one() {
             config.with_cache_dir(Some(root.path().join(name.replace(['+', ',', ' '], "_"))));
         let manager = OffloadManager::<Flex>::new(config, &device).unwrap();
         let model: OffloadedModel<Flex, Stack<Flex>> = manager
-            .wrap(resident.clone(), &Selection::default())
+            .wrap(resident.clone(), &OffloadSelection::default())
             .unwrap();
         std::thread::scope(|scope| {
             for thread in 0..2 {
@@ -397,11 +397,15 @@ fn selections_pick_types_one_module_or_paths() {
     let (resident, x, expected) = fixture(4, &device);
     let root = tempfile::tempdir().unwrap();
     let cases = [
-        (Selection::default(), 5, weight_bytes()),
-        (Selection::types(["Conv2d"]), 0, 0),
-        (Selection::module("layers.1"), 1, (96 * 80 * 4) as u64),
+        (OffloadSelection::default(), 5, weight_bytes()),
+        (OffloadSelection::types(["Conv2d"]), 0, 0),
         (
-            Selection::predicate(|path| path.ends_with('3') || path.ends_with('4')),
+            OffloadSelection::module("layers.1"),
+            1,
+            (96 * 80 * 4) as u64,
+        ),
+        (
+            OffloadSelection::predicate(|path| path.ends_with('3') || path.ends_with('4')),
             2,
             ((96 * 64 + 64 * 16) * 4) as u64,
         ),
@@ -424,7 +428,7 @@ fn selections_pick_types_one_module_or_paths() {
     let config = config(&root.path().join("1d")).with_offload_1d_parameters(true);
     let manager = OffloadManager::<Flex>::new(config, &device).unwrap();
     let model = manager
-        .wrap(resident.clone(), &Selection::default())
+        .wrap(resident.clone(), &OffloadSelection::default())
         .unwrap();
     let biases: u64 = WIDTHS[1..].iter().map(|&w| (w * 4) as u64).sum();
     assert_eq!(manager.summary().managed_bytes, weight_bytes() + biases);
@@ -439,7 +443,9 @@ fn manual_offload_and_load_move_modules_in_and_out_of_the_device_cache() {
     // A monitor that never fires within the test: the budget is far above this process's heap.
     let config = config(root.path()).with_check_interval_ms(60_000);
     let manager = OffloadManager::<Flex>::new(config, &device).unwrap();
-    let model = manager.wrap(resident, &Selection::default()).unwrap();
+    let model = manager
+        .wrap(resident, &OffloadSelection::default())
+        .unwrap();
     assert_eq!(manager.summary().modules_on_device, 0, "eager offload");
     model.load_all().unwrap();
     assert_eq!(manager.summary().modules_on_device, 5);
@@ -509,7 +515,9 @@ pub fn cleanup_returns_memory<B: DeviceMemory>(device: &B::Device, tolerance: u6
     let before = tracker.usage().unwrap().in_use;
     let config = config(&dir).with_host_budget_bytes(Some(1 << 20));
     let manager = OffloadManager::<B>::new(config, device).unwrap();
-    let model = manager.wrap(resident, &Selection::default()).unwrap();
+    let model = manager
+        .wrap(resident, &OffloadSelection::default())
+        .unwrap();
     let wrapped = tracker.usage().unwrap().in_use;
     assert!(
         !files_in(&dir).is_empty(),
@@ -610,7 +618,7 @@ fn a_checkpoint_loads_straight_to_the_tiers_without_running_the_initialisers() {
             .wrap_checkpoint(
                 stack_that_must_not_initialise(&device),
                 &path,
-                &Selection::default(),
+                &OffloadSelection::default(),
             )
             .unwrap();
         let summary = manager.summary();
@@ -645,7 +653,7 @@ fn a_checkpoint_loads_straight_to_the_tiers_without_running_the_initialisers() {
             .wrap_checkpoint(
                 stack_that_must_not_initialise(&device),
                 &bad,
-                &Selection::default(),
+                &OffloadSelection::default(),
             )
             .unwrap_err();
         assert!(
@@ -659,7 +667,7 @@ fn a_checkpoint_loads_straight_to_the_tiers_without_running_the_initialisers() {
         .wrap_checkpoint(
             resident,
             root.path().join("absent.safetensors"),
-            &Selection::default(),
+            &OffloadSelection::default(),
         )
         .unwrap_err();
     assert!(
@@ -677,7 +685,9 @@ fn a_panicking_call_leaves_the_next_calls_unaffected() {
     let (resident, x, expected) = fixture(7, &device);
     let root = tempfile::tempdir().unwrap();
     let manager = OffloadManager::<Flex>::new(config(root.path()), &device).unwrap();
-    let model = manager.wrap(resident, &Selection::default()).unwrap();
+    let model = manager
+        .wrap(resident, &OffloadSelection::default())
+        .unwrap();
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         model.run(|m| {
             let _ = m.forward(x.clone());

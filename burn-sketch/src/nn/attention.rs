@@ -15,9 +15,9 @@ use crate::{SketchBackend, SketchError};
 /// finite in f16 (whose largest value is 65,504), so that mixed precision masks as f32 does.
 pub(crate) const MASKED_SCORE: f64 = -1.0e4;
 
-/// Configuration of a [`MultiHeadAttention`].
+/// Configuration of a [`AnyMultiHeadAttention`].
 #[derive(Config, Debug)]
-pub struct MultiHeadAttentionConfig {
+pub struct AnyMultiHeadAttentionConfig {
     /// The width of the model (queries, keys, values and output).
     pub d_model: usize,
     /// The number of heads; must divide `d_model`.
@@ -33,7 +33,7 @@ pub struct MultiHeadAttentionConfig {
     pub projections: LinearKind,
 }
 
-impl MultiHeadAttentionConfig {
+impl AnyMultiHeadAttentionConfig {
     /// Checks the sizes: `n_heads` at least 1 and dividing `d_model`.
     pub fn validate(&self) -> Result<(), SketchError> {
         if self.n_heads == 0 || !self.d_model.is_multiple_of(self.n_heads) {
@@ -50,23 +50,23 @@ impl MultiHeadAttentionConfig {
     ///
     /// # Panics
     /// On an invalid configuration; [`try_init`](Self::try_init) returns the error instead.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> MultiHeadAttention<B> {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> AnyMultiHeadAttention<B> {
         self.try_init(device)
-            .unwrap_or_else(|err| panic!("cannot initialise MultiHeadAttention: {err}"))
+            .unwrap_or_else(|err| panic!("cannot initialise AnyMultiHeadAttention: {err}"))
     }
 
     /// [`init`](Self::init), or the error naming the bad value.
     pub fn try_init<B: Backend>(
         &self,
         device: &B::Device,
-    ) -> Result<MultiHeadAttention<B>, SketchError> {
+    ) -> Result<AnyMultiHeadAttention<B>, SketchError> {
         self.validate()?;
         let projection = || {
             AnyLinearConfig::new(self.d_model, self.d_model)
                 .with_kind(self.projections)
                 .try_init(device)
         };
-        Ok(MultiHeadAttention {
+        Ok(AnyMultiHeadAttention {
             query: projection()?,
             key: projection()?,
             value: projection()?,
@@ -85,7 +85,7 @@ impl MultiHeadAttentionConfig {
 /// configuration, and a trained dense one can be sketched with a
 /// [`Converter`](super::Converter).
 #[derive(Module, Debug)]
-pub struct MultiHeadAttention<B: Backend> {
+pub struct AnyMultiHeadAttention<B: Backend> {
     /// Query projection, `[d_model, d_model]`.
     pub query: AnyLinear<B>,
     /// Key projection.
@@ -102,7 +102,7 @@ pub struct MultiHeadAttention<B: Backend> {
     pub causal: bool,
 }
 
-impl<B: Backend> MultiHeadAttention<B> {
+impl<B: Backend> AnyMultiHeadAttention<B> {
     /// The module with the projections of Burn's own `nn::attention::MultiHeadAttention`
     /// (copied as dense layers), the same number of heads and dropout: it computes the same
     /// function as Burn's on self-attention (`MhaInput::self_attn`). Burn's module has no
@@ -128,7 +128,7 @@ impl<B: Backend> MultiHeadAttention<B> {
     }
 }
 
-impl<B: SketchBackend> MultiHeadAttention<B> {
+impl<B: SketchBackend> AnyMultiHeadAttention<B> {
     /// Self-attention over `input`.
     ///
     /// # Shapes

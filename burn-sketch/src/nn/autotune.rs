@@ -10,6 +10,8 @@ use std::ops::RangeInclusive;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
+use rand_xoshiro::SplitMix64;
+use rand_xoshiro::rand_core::{Rng, SeedableRng};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::{Converter, LinearKind, Selection};
@@ -188,22 +190,14 @@ fn check_range(name: &'static str, range: &RangeInclusive<usize>) -> Result<(), 
     Ok(())
 }
 
-/// SplitMix64 (Steele, Lea and Flood): a small, well-mixed generator whose output depends on
-/// nothing but the seed, so a seeded search is the same everywhere.
-struct SplitMix64(u64);
+/// Draws from SplitMix64 (Steele, Lea and Flood), whose output depends on nothing but the
+/// seed, so a seeded search is the same everywhere.
+struct Draws(SplitMix64);
 
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
+impl Draws {
     /// Uniform in `0..n` (`n ≥ 1`), by the multiply-shift method (bias below 2⁻⁶⁴·n).
     fn below(&mut self, n: u128) -> u128 {
-        (u128::from(self.next()) * n) >> 64
+        (u128::from(self.0.next_u64()) * n) >> 64
     }
 
     /// Uniform in `range` (not empty).
@@ -220,7 +214,7 @@ fn draw(
     trials: usize,
     seed: u64,
 ) -> Vec<SketchSize> {
-    let mut rng = SplitMix64(seed);
+    let mut rng = Draws(SplitMix64::seed_from_u64(seed));
     let terms = (*num_terms.end() - *num_terms.start()) as u128 + 1;
     let ranks = (*low_rank.end() - *low_rank.start()) as u128 + 1;
     let space = terms * ranks;
@@ -647,47 +641,18 @@ impl AutoTuner {
             let first_trial = report.trials.len();
             let mut best: Option<(usize, M)> = None;
             for &size in sizes {
-                let converter = rules
-                    .iter()
-                    .cloned()
-                    .chain([(group.selection.clone(), size.into())])
-                    .fold(Converter::new(), |c, (selection, kind)| {
-                        c.rule(selection, kind)
-                    });
-                let (trial_model, _) = converter.apply::<B, M>(current.clone())?;
-                let trial_quality = quality(&trial_model)?;
-                let trial = Trial {
-                    group: group.name.clone(),
-                    num_terms: size.num_terms,
-                    low_rank: size.low_rank,
-                    quality: trial_quality,
-                    cost: cost.of::<B>(&trial_model)?,
-                    passed: self.threshold.passes(trial_quality),
-                    trainable: trainable::<B, M>(&trial_model).0,
-                };
-                tracing::info!(
-                    group = %trial.group,
-                    num_terms = trial.num_terms,
-                    low_rank = trial.low_rank,
-                    quality = trial.quality,
-                    cost = trial.cost,
-                    trainable = trial.trainable,
-                    passed = trial.passed,
-                    "autotune: trial {} of {total}",
-                    report.trials.len() + 1,
+                let (trial, trial_model) = self.trial::<B, M, E, Q>(
+                    &current,
+                    &rules,
+                    (group, size),
+                    (&mut quality, &mut cost),
+                    (report.trials.len() + 1, total),
+                )?;
+                let wins = self.wins(
+                    &trial,
+                    best.as_ref().map(|(at, _)| &report.trials[*at]),
+                    &incumbent,
                 );
-                // Eligible: passes, and is cheaper than the model it was made from (when that
-                // cost is known: a NaN baseline cost asks for nothing).
-                let eligible = trial.passed
-                    && !trial.cost.is_nan()
-                    && (incumbent.cost.is_nan() || trial.cost < incumbent.cost);
-                let wins = eligible
-                    && best.as_ref().is_none_or(|(at, _)| {
-                        let held = &report.trials[*at];
-                        trial.cost < held.cost
-                            || (trial.cost == held.cost
-                                && self.threshold.better(trial.quality, held.quality))
-                    });
                 report.trials.push(trial);
                 if wins {
                     best = Some((report.trials.len() - 1, trial_model));
@@ -737,6 +702,69 @@ impl AutoTuner {
             model: current,
             report,
         })
+    }
+
+    /// Trial `index` of `total`: `current` converted by the rules chosen so far and `group` at
+    /// `size`, evaluated and logged. Returns the trial and its model.
+    fn trial<B, M, E, Q>(
+        &self,
+        current: &M,
+        rules: &[(Selection, LinearKind)],
+        (group, size): (&LayerGroup, SketchSize),
+        (quality, cost): (&mut Q, &mut Cost<'_, M, E>),
+        (index, total): (usize, usize),
+    ) -> Result<(Trial, M), E>
+    where
+        B: Backend,
+        M: Module<B>,
+        E: From<SketchError>,
+        Q: FnMut(&M) -> Result<f64, E>,
+    {
+        let converter = rules
+            .iter()
+            .cloned()
+            .chain([(group.selection.clone(), size.into())])
+            .fold(Converter::new(), |c, (selection, kind)| {
+                c.rule(selection, kind)
+            });
+        let (trial_model, _) = converter.apply::<B, M>(current.clone())?;
+        let trial_quality = quality(&trial_model)?;
+        let trial = Trial {
+            group: group.name.clone(),
+            num_terms: size.num_terms,
+            low_rank: size.low_rank,
+            quality: trial_quality,
+            cost: cost.of::<B>(&trial_model)?,
+            passed: self.threshold.passes(trial_quality),
+            trainable: trainable::<B, M>(&trial_model).0,
+        };
+        tracing::info!(
+            group = %trial.group,
+            num_terms = trial.num_terms,
+            low_rank = trial.low_rank,
+            quality = trial.quality,
+            cost = trial.cost,
+            trainable = trial.trainable,
+            passed = trial.passed,
+            "autotune: trial {index} of {total}",
+        );
+        Ok((trial, trial_model))
+    }
+
+    /// Whether `trial` becomes its group's best so far, over `held`. Eligible: it passes, and
+    /// is cheaper than the model it was made from (`incumbent`, when that cost is known: a NaN
+    /// baseline cost asks for nothing); then the cheaper wins, and at equal cost the better
+    /// quality.
+    fn wins(&self, trial: &Trial, held: Option<&Trial>, incumbent: &Evaluation) -> bool {
+        let eligible = trial.passed
+            && !trial.cost.is_nan()
+            && (incumbent.cost.is_nan() || trial.cost < incumbent.cost);
+        eligible
+            && held.is_none_or(|held| {
+                trial.cost < held.cost
+                    || (trial.cost == held.cost
+                        && self.threshold.better(trial.quality, held.quality))
+            })
     }
 
     /// The layer paths of each group (a layer belongs to the first group that picks it), by

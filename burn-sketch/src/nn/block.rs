@@ -10,8 +10,8 @@ use burn::tensor::{Bool, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    AnyLinear, AnyLinearConfig, FeatureMap, LinearKind, MultiHeadAttention,
-    MultiHeadAttentionConfig, PerformerAttention, PerformerAttentionConfig,
+    AnyLinear, AnyLinearConfig, AnyMultiHeadAttention, AnyMultiHeadAttentionConfig, FeatureMap,
+    LinearKind, PerformerAttention, PerformerAttentionConfig,
 };
 use crate::{Activation, SketchBackend, SketchError};
 
@@ -81,7 +81,7 @@ impl<B: SketchBackend> Mlp<B> {
 /// Which attention a [`TransformerBlock`] computes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AttentionKind {
-    /// Exact softmax attention ([`MultiHeadAttention`]): `O(seq²)` time and memory.
+    /// Exact softmax attention ([`AnyMultiHeadAttention`]): `O(seq²)` time and memory.
     #[default]
     Softmax,
     /// Performer attention ([`PerformerAttention`]) with `num_features` random features:
@@ -98,7 +98,7 @@ pub enum AttentionKind {
 #[derive(Module, Debug)]
 pub enum BlockAttention<B: Backend> {
     /// Softmax attention.
-    Softmax(MultiHeadAttention<B>),
+    Softmax(AnyMultiHeadAttention<B>),
     /// Performer attention.
     Performer(PerformerAttention<B>),
 }
@@ -157,7 +157,7 @@ impl TransformerBlockConfig {
             norm_attention: LayerNormConfig::new(self.d_model).init(device),
             attention: match self.attention {
                 AttentionKind::Softmax => BlockAttention::Softmax(
-                    MultiHeadAttentionConfig::new(self.d_model, self.n_heads)
+                    AnyMultiHeadAttentionConfig::new(self.d_model, self.n_heads)
                         .with_dropout(self.dropout)
                         .with_causal(self.causal)
                         .with_projections(self.projections)

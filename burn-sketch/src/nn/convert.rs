@@ -34,7 +34,7 @@ pub enum Selection {
     /// segment: `"blocks.*.mlp"` picks the MLP layers of every block.
     Paths(Vec<String>),
     /// Layers inside a module of one of these types (the struct's name, as `Module`'s derive
-    /// reports it: `"MultiHeadAttention"`, `"Mlp"`).
+    /// reports it: `"AnyMultiHeadAttention"`, `"Mlp"`).
     Types(Vec<String>),
 }
 

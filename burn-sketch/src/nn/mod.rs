@@ -3,7 +3,7 @@
 //!
 //! - [`AnyLinear`]: one linear layer of a kind chosen at run time ([`LinearKind`]).
 //! - [`LowRankLinear`]: `x·A·B + b`, the baseline a sketched layer must beat at equal size.
-//! - [`MultiHeadAttention`]: softmax attention (causal or not, padding mask) over `AnyLinear`
+//! - [`AnyMultiHeadAttention`]: softmax attention (causal or not, padding mask) over `AnyLinear`
 //!   projections; [`PerformerAttention`]: its linear-time approximation (Panther's
 //!   `RandMultiHeadAttention`, FAVOR+); [`TransformerBlock`]: a pre-norm block of either
 //!   attention and an [`Mlp`].
@@ -44,7 +44,7 @@ mod low_rank;
 mod performer;
 
 pub use any_linear::{AnyLinear, AnyLinearConfig, LinearKind, LinearLayer};
-pub use attention::{MultiHeadAttention, MultiHeadAttentionConfig};
+pub use attention::{AnyMultiHeadAttention, AnyMultiHeadAttentionConfig};
 pub use autotune::{
     AutoTuner, Cost, CostMetric, Evaluation, GroupResult, LayerGroup, Measure, Search, SketchSize,
     Threshold, Trial, TuneOutcome, TuneReport,

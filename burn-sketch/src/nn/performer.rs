@@ -11,7 +11,7 @@ use burn::tensor::{Bool, Distribution, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 use super::attention::{MASKED_SCORE, project_heads};
-use super::{AnyLinear, AnyLinearConfig, LinearKind, MultiHeadAttention};
+use super::{AnyLinear, AnyLinearConfig, AnyMultiHeadAttention, LinearKind};
 use crate::{SketchBackend, SketchError};
 
 /// The feature map `φ` of a [`PerformerAttention`]: attention weights are
@@ -219,7 +219,7 @@ pub struct PerformerAttention<B: Backend> {
 }
 
 impl<B: Backend> PerformerAttention<B> {
-    /// The Performer with the projections of our softmax [`MultiHeadAttention`] (any kind,
+    /// The Performer with the projections of our softmax [`AnyMultiHeadAttention`] (any kind,
     /// copied as they are), its number of heads and causality, `num_features` random features
     /// drawn from the backend's generator, and the default `kernel_epsilon` and `chunk_size`
     /// (public fields, to be set afterwards). With the softmax feature map it estimates the
@@ -227,7 +227,7 @@ impl<B: Backend> PerformerAttention<B> {
     /// counterpart: a Performer never forms the attention weights (Panther's module takes a
     /// dropout rate and ignores it).
     pub fn from_attention(
-        mha: &MultiHeadAttention<B>,
+        mha: &AnyMultiHeadAttention<B>,
         num_features: usize,
         feature_map: FeatureMap,
     ) -> Result<Self, SketchError> {

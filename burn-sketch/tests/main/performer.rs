@@ -15,7 +15,7 @@ use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Distribution, ElementConversion, Tensor, TensorData};
 use burn_sketch::nn::{
-    FeatureMap, LinearKind, LinearLayer, MultiHeadAttention, MultiHeadAttentionConfig,
+    AnyMultiHeadAttention, AnyMultiHeadAttentionConfig, FeatureMap, LinearKind, LinearLayer,
     PerformerAttention, PerformerAttentionConfig,
 };
 use burn_sketch::panther::{load_performer, load_performer_from_bytes};
@@ -393,7 +393,7 @@ pub fn padded_keys_are_ignored<B: SketchBackend>(device: &B::Device) {
 /// The mean relative error of the Performer built from `mha` with `m` features against
 /// `mha`'s output, at each `m` of `counts`, averaged over four random projections.
 fn mean_errors<B: SketchBackend>(
-    mha: &MultiHeadAttention<B>,
+    mha: &AnyMultiHeadAttention<B>,
     x: Tensor<B, 3>,
     counts: &[usize],
 ) -> Vec<f64> {
@@ -427,7 +427,7 @@ fn mean_errors<B: SketchBackend>(
 pub fn approaches_softmax_attention<B: SketchBackend>(device: &B::Device) {
     let _serial = serial();
     B::seed(device, 5);
-    let mha = MultiHeadAttentionConfig::new(16, 2).init::<B>(device);
+    let mha = AnyMultiHeadAttentionConfig::new(16, 2).init::<B>(device);
     let x = normal::<B, 3>([2, 24, 16], device);
     let counts = [16, 64, 256, 1024];
     let errors = mean_errors(&mha, x, &counts);
@@ -469,7 +469,7 @@ pub fn built_from_dense_attention<B: SketchBackend>(device: &B::Device) {
             / performers.len() as f64
     };
     for causal in [false, true] {
-        let mha = MultiHeadAttentionConfig::new(16, 2)
+        let mha = AnyMultiHeadAttentionConfig::new(16, 2)
             .with_causal(causal)
             .init::<B>(device);
         let performers = (0..draws)
@@ -514,7 +514,7 @@ pub fn built_from_dense_attention<B: SketchBackend>(device: &B::Device) {
     assert!(error < 0.08, "Burn's attention: relative error {error}");
 
     let err = PerformerAttention::from_attention(
-        &MultiHeadAttentionConfig::new(16, 2).init::<B>(device),
+        &AnyMultiHeadAttentionConfig::new(16, 2).init::<B>(device),
         0,
         FeatureMap::Relu,
     )

@@ -10,8 +10,8 @@ use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Distribution, ElementConversion, Tensor, TensorData};
 use burn_sketch::nn::{
-    AnyLinear, AnyLinearConfig, BlockAttention, Converter, LinearKind, LinearLayer, Mlp, MlpConfig,
-    MultiHeadAttention, MultiHeadAttentionConfig, Selection, TransformerBlock,
+    AnyLinear, AnyLinearConfig, AnyMultiHeadAttention, AnyMultiHeadAttentionConfig, BlockAttention,
+    Converter, LinearKind, LinearLayer, Mlp, MlpConfig, Selection, TransformerBlock,
     TransformerBlockConfig, draw_params,
 };
 use burn_sketch::{SkLinear, SketchBackend, SketchError};
@@ -24,7 +24,7 @@ type AF = Autodiff<Flex>;
 /// Attention computed the long way: every head sliced out, scores masked with an explicit
 /// matrix built on the host, softmax as `exp / Σ exp`, heads concatenated.
 fn naive_attention<B: SketchBackend>(
-    mha: &MultiHeadAttention<B>,
+    mha: &AnyMultiHeadAttention<B>,
     x: Tensor<B, 3>,
     pad: Option<&[Vec<bool>]>,
 ) -> Tensor<B, 3> {
@@ -88,7 +88,7 @@ pub(crate) fn attention_matches_naive_reference<B: AutodiffBackend + SketchBacke
 ) {
     for kind in kinds() {
         for causal in [false, true] {
-            let mha = MultiHeadAttentionConfig::new(12, 3)
+            let mha = AnyMultiHeadAttentionConfig::new(12, 3)
                 .with_causal(causal)
                 .with_projections(kind)
                 .init::<B>(device);
@@ -139,7 +139,7 @@ fn attention_matches_naive_reference_ndarray() {
 fn causal_attention_ignores_the_future() {
     let device = Default::default();
     for kind in kinds() {
-        let mha = MultiHeadAttentionConfig::new(8, 2)
+        let mha = AnyMultiHeadAttentionConfig::new(8, 2)
             .with_causal(true)
             .with_projections(kind)
             .init::<F>(&device);
@@ -168,7 +168,7 @@ fn causal_attention_ignores_the_future() {
 #[test]
 fn padded_positions_are_not_attended() {
     let device = Default::default();
-    let mha = MultiHeadAttentionConfig::new(8, 4).init::<F>(&device);
+    let mha = AnyMultiHeadAttentionConfig::new(8, 4).init::<F>(&device);
     let x = Tensor::<F, 3>::random([2, 5, 8], Distribution::Normal(0.0, 1.0), &device);
     let pad = Tensor::<F, 2, Bool>::from_data(
         TensorData::new(
@@ -206,7 +206,7 @@ fn matches_burns_multi_head_attention() {
     let burn_mha = BurnMhaConfig::new(16, 4)
         .with_dropout(0.0)
         .init::<F>(&device);
-    let ours = MultiHeadAttention::from_burn(&burn_mha, false);
+    let ours = AnyMultiHeadAttention::from_burn(&burn_mha, false);
     let x = Tensor::<F, 3>::random([3, 7, 16], Distribution::Normal(0.0, 1.0), &device);
     let expected = burn_mha.forward(MhaInput::self_attn(x.clone())).context;
     assert_close(
@@ -220,7 +220,7 @@ fn matches_burns_multi_head_attention() {
 fn invalid_heads_are_typed_errors() {
     let device = Default::default();
     for heads in [0, 5] {
-        let err = MultiHeadAttentionConfig::new(12, heads)
+        let err = AnyMultiHeadAttentionConfig::new(12, heads)
             .try_init::<F>(&device)
             .unwrap_err();
         assert!(
@@ -366,7 +366,7 @@ fn converted_attention_is_within_the_sketch_error() {
     let _serial = serial();
     let device = Default::default();
     F::seed(&device, 7);
-    let dense = MultiHeadAttentionConfig::new(64, 4).init::<F>(&device);
+    let dense = AnyMultiHeadAttentionConfig::new(64, 4).init::<F>(&device);
     draw_params(&dense); // so that the clone below holds the same weights
     let (t, k) = (1, 16);
     let expected = SkLinear::<F>::expected_relative_error(64, 64, t, k);

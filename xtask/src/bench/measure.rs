@@ -4,15 +4,14 @@
 
 use burn_memory::DeviceMemory;
 use burn_sketch::SketchBackend;
-use burn_sketch::backend::KernelStrategy;
 use serde::{Deserialize, Serialize};
 
 use super::Dtype;
 use super::grid::Point;
 use super::memory::peak_increase;
-use super::roofline::{DeviceSpec, Roofline};
+use super::roofline::Roofline;
 use super::timing::{Op, Timing, time_together};
-use super::workloads::Workloads;
+use super::workloads::{Settings, Workloads};
 
 /// Everything measured at one point.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -91,23 +90,6 @@ impl Row {
         let roof = self.roofline.as_ref()?;
         Some(roof.sketch_forward_ms / self.sketch_forward.median_ms)
     }
-}
-
-/// What to measure besides the point itself.
-#[derive(Debug, Clone, Copy)]
-pub struct Settings {
-    /// Untimed runs before timing.
-    pub warmup: usize,
-    /// Timed runs.
-    pub runs: usize,
-    /// The element type `B` computes in.
-    pub dtype: Dtype,
-    /// The device's datasheet peaks, for roofline bounds.
-    pub device_spec: Option<DeviceSpec>,
-    /// What "sketch" times on backends with a choice (CubeCL's).
-    pub strategy: KernelStrategy,
-    /// The activation after every layer (`--activation`).
-    pub activation: burn_sketch::Activation,
 }
 
 /// Measures `point` on backend `B`; the training variants run on `Autodiff<B>`.

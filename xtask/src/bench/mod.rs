@@ -34,8 +34,8 @@ use serde::{Deserialize, Serialize};
 
 pub use grid::{Point, grid};
 pub use measure::Row;
-use measure::Settings;
 pub use roofline::DeviceModel;
+use workloads::Settings;
 
 /// Backends the suite can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -17,7 +17,7 @@ use burn_profiler::{Profiled, Profiler, ProfilerConfig, scope, write_profile};
 use burn_sketch::SketchBackend;
 
 use super::grid::Point;
-use super::measure::Settings;
+use super::workloads::Settings;
 use super::workloads::{NAMES, Workloads};
 
 /// What the profile pass records.

@@ -7,12 +7,31 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Tensor};
+use burn_sketch::backend::KernelStrategy;
 use burn_sketch::backend::tensor_ops;
 use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend};
 
+use super::Dtype;
 use super::grid::Point;
-use super::measure::Settings;
+use super::roofline::DeviceSpec;
 use super::timing::{Op, op};
+
+/// What to measure besides the point itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Untimed runs before timing.
+    pub warmup: usize,
+    /// Timed runs.
+    pub runs: usize,
+    /// The element type `B` computes in.
+    pub dtype: Dtype,
+    /// The device's datasheet peaks, for roofline bounds.
+    pub device_spec: Option<DeviceSpec>,
+    /// What "sketch" times on backends with a choice (CubeCL's).
+    pub strategy: KernelStrategy,
+    /// The activation after every layer (`--activation`).
+    pub activation: burn_sketch::Activation,
+}
 
 /// The workloads' names, in the order of [`Workloads::ops`]: the columns of a result row, and
 /// the directories `--profile` writes.

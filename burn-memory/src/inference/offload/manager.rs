@@ -231,7 +231,7 @@ impl<B: DeviceMemory> OffloadManager<B> {
         (0..count).try_for_each(|module| self.inner.load_into_cache(module))
     }
 
-    /// Takes the module at `path` (as in [`Selection::Module`](super::Selection::Module)) out
+    /// Takes the module at `path` (as in [`OffloadSelection::Module`](super::OffloadSelection::Module)) out
     /// of the device cache.
     pub fn offload_module(&self, path: &str) -> Result<(), MemoryError> {
         let mut state = lock(&self.inner.state);

@@ -125,7 +125,7 @@ mod tests {
     use burn::nn::{Linear, LinearConfig};
 
     use super::*;
-    use crate::offload::{OffloadConfig, Selection};
+    use crate::offload::{OffloadConfig, OffloadSelection};
 
     #[test]
     fn the_metrics_read_the_managers_tiers_and_traffic() {
@@ -135,7 +135,7 @@ mod tests {
             .with_device_budget_bytes(Some(1024))
             .with_disk_tier(false);
         let manager = OffloadManager::<Flex>::new(config, &device).unwrap();
-        let model = manager.wrap(model, &Selection::default()).unwrap();
+        let model = manager.wrap(model, &OffloadSelection::default()).unwrap();
         let progress = || burn::data::dataloader::Progress {
             items_processed: 1,
             items_total: 1,

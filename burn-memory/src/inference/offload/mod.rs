@@ -6,7 +6,7 @@
 //! use burn::backend::Flex;
 //! use burn::nn::{Linear, LinearConfig};
 //! use burn::tensor::{Distribution, Tensor};
-//! use burn_memory::offload::{OffloadConfig, OffloadManager, Selection};
+//! use burn_memory::offload::{OffloadConfig, OffloadManager, OffloadSelection};
 //!
 //! let device = Default::default();
 //! let model: Linear<Flex> = LinearConfig::new(64, 32).init(&device);
@@ -15,7 +15,7 @@
 //!
 //! let config = OffloadConfig::new().with_device_budget_bytes(Some(64 << 20));
 //! let manager = OffloadManager::<Flex>::new(config, &device).unwrap();
-//! let model = manager.wrap(model, &Selection::default()).unwrap();
+//! let model = manager.wrap(model, &OffloadSelection::default()).unwrap();
 //! let y = model.run(|model| model.forward(x.clone())).unwrap();
 //! y.into_data().assert_eq(&expected.into_data(), true);
 //! println!("{}", manager.summary());
@@ -36,4 +36,4 @@ pub use manager::OffloadManager;
 #[cfg(feature = "train")]
 pub use metric::{OffloadMetric, OffloadQuantity};
 pub use summary::{OffloadCounters, OffloadSummary, TierUsage};
-pub use wrap::{OffloadedModel, Selection, WrapError};
+pub use wrap::{OffloadSelection, OffloadedModel, WrapError};

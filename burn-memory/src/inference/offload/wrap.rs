@@ -18,7 +18,7 @@ use crate::{DeviceMemory, Layers, MemoryError};
 /// the model, as Burn's module visitors see it (`layers.3`, `encoder.attention.query`), and
 /// typed by its struct's name (`Linear`, `SkLinear`, `Conv2d`).
 #[derive(Clone)]
-pub enum Selection {
+pub enum OffloadSelection {
     /// Every module whose struct has one of these names.
     Types(Vec<String>),
     /// The one module at this path.
@@ -27,8 +27,8 @@ pub enum Selection {
     Predicate(Arc<dyn Fn(&str) -> bool + Send + Sync>),
 }
 
-impl Selection {
-    /// Every module of these types: `Selection::types(["Linear", "Conv2d"])`.
+impl OffloadSelection {
+    /// Every module of these types: `OffloadSelection::types(["Linear", "Conv2d"])`.
     pub fn types<S: Into<String>>(types: impl IntoIterator<Item = S>) -> Self {
         Self::Types(types.into_iter().map(Into::into).collect())
     }
@@ -38,7 +38,7 @@ impl Selection {
         Self::Module(path.into())
     }
 
-    /// Every module whose path `predicate` accepts. (In `burn_sketch::nn::Selection`,
+    /// Every module whose path `predicate` accepts. (In `burn_sketch::nn::OffloadSelection`,
     /// `paths` takes a list of path patterns; a closure is a predicate in both crates.)
     pub fn predicate(predicate: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         Self::Predicate(Arc::new(predicate))
@@ -55,13 +55,13 @@ impl Selection {
 
 /// `nn::Linear`, burn-sketch's `SkLinear` and `nn::conv::Conv2d`: the layers that hold a
 /// model's weight matrices.
-impl Default for Selection {
+impl Default for OffloadSelection {
     fn default() -> Self {
         Self::types(["Linear", "SkLinear", "Conv2d"])
     }
 }
 
-impl fmt::Debug for Selection {
+impl fmt::Debug for OffloadSelection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Types(types) => f.debug_tuple("Types").field(types).finish(),
@@ -113,7 +113,7 @@ impl<B: DeviceMemory> OffloadManager<B> {
     pub fn wrap<M: Module<B>>(
         &self,
         model: M,
-        selection: &Selection,
+        selection: &OffloadSelection,
     ) -> Result<OffloadedModel<B, M>, WrapError<M>> {
         self.wrap_with(model, selection, None)
     }
@@ -132,7 +132,7 @@ impl<B: DeviceMemory> OffloadManager<B> {
         &self,
         model: M,
         path: impl AsRef<Path>,
-        selection: &Selection,
+        selection: &OffloadSelection,
     ) -> Result<OffloadedModel<B, M>, WrapError<M>> {
         match Checkpoint::open(path.as_ref()) {
             Ok(checkpoint) => self.wrap_with(model, selection, Some(checkpoint)),
@@ -143,7 +143,7 @@ impl<B: DeviceMemory> OffloadManager<B> {
     fn wrap_with<M: Module<B>>(
         &self,
         model: M,
-        selection: &Selection,
+        selection: &OffloadSelection,
         checkpoint: Option<Checkpoint>,
     ) -> Result<OffloadedModel<B, M>, WrapError<M>> {
         if let Err(error) = self.inner.ensure_alive() {
@@ -363,7 +363,7 @@ struct Wrapper<'a, B: DeviceMemory> {
     inner: Arc<Inner<B>>,
     /// Parameters come from this checkpoint instead of the model.
     checkpoint: Option<Checkpoint>,
-    selection: &'a Selection,
+    selection: &'a OffloadSelection,
     /// The fields entered: (name, the type of the struct they belong to).
     path: Vec<(String, String)>,
     pending: Option<PendingModule<B>>,

@@ -98,6 +98,8 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Distribution, FloatDType, Int, Tensor, TensorPrimitive};
+use rand_xoshiro::SplitMix64;
+use rand_xoshiro::rand_core::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::training::mixed_precision::Materialize;
@@ -377,13 +379,13 @@ impl SegmentSeeds {
     }
 }
 
-/// Seed `stream` of `base`: SplitMix64's output function over `base + stream·γ`, a bijection,
-/// so distinct streams of one base get distinct, uncorrelated seeds.
+/// Seed `stream` of `base`: output `stream + 1` of SplitMix64 seeded with `base`, taken in one
+/// step (its state after `n` outputs is `base + n·γ`). Its output function is a bijection, so
+/// distinct streams of one base get distinct, uncorrelated seeds.
 fn mix(base: u64, stream: u64) -> u64 {
-    let mut z = base.wrapping_add(stream.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    /// SplitMix64's increment, the golden ratio's fraction in 64 bits.
+    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+    SplitMix64::seed_from_u64(base.wrapping_add(stream.wrapping_mul(GAMMA))).next_u64()
 }
 
 /// How a sequence of `L` layers is split into segments.
