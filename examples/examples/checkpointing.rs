@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -p examples --example checkpointing                     # Flex (CPU)
-//! cargo run --release -p examples --example checkpointing -- --backend ndarray
+//! cargo run --release -p examples --features ndarray --example checkpointing -- --backend ndarray
 //! cargo run --release -p examples --example checkpointing -- --backend wgpu   # + AMP rows
 //! ```
 //!

@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p examples --example convert_dense
 //! cargo run --release -p examples --example convert_dense -- --low-rank 64 --finetune-steps 400
-//! cargo run --release -p examples --example convert_dense -- --backend ndarray
+//! cargo run --release -p examples --features ndarray --example convert_dense -- --backend ndarray
 //! ```
 //!
 //! A sketch of a trained weight is unbiased but noisy: with `2Tk` far below the layer's

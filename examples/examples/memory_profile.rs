@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -p examples --example memory_profile                      # Flex (CPU)
-//! cargo run --release -p examples --example memory_profile -- --backend ndarray
+//! cargo run --release -p examples --features ndarray --example memory_profile -- --backend ndarray
 //! cargo run --release -p examples --example memory_profile -- --backend wgpu --batch 1024
 //! cargo run --release -p examples --features cuda --example memory_profile -- --backend cuda
 //! ```

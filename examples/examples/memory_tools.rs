@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p examples --example memory_tools                  # Flex (CPU)
-//! cargo run --release -p examples --example memory_tools -- --backend ndarray
+//! cargo run --release -p examples --features ndarray --example memory_tools -- --backend ndarray
 //! cargo run --release -p examples --example memory_tools -- --backend wgpu
 //! cargo run --release -p examples --features cuda --example memory_tools -- --backend cuda
 //! ```

@@ -24,7 +24,7 @@
 //! `Autodiff<Profiled<B>>` and records steps 4 to 6 (`--profile-skip`, `--profile-steps`)
 //! inside the learner: the operation table, a Chrome trace and where memory peaked.
 //! `--devices N` trains N data-parallel peers; `--nodes N --node-rank R --orchestrator ADDR`
-//! makes this process one node of a multi-node run (burn-memory's `DataParallel`).
+//! makes this process one node of a multi-node run (burn-data-parallel's `DataParallel`).
 
 use std::path::PathBuf;
 

@@ -14,6 +14,18 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    /// What a build without this backend's feature (of the same name) says when a run asks
+    /// for it. Flex is always built.
+    pub fn not_compiled(self) -> NotCompiled {
+        let (what, feature) = match self {
+            Self::Flex => ("`--backend flex`", "flex"),
+            Self::Ndarray => ("`--backend ndarray`", "ndarray"),
+            Self::Wgpu => ("`--backend wgpu`", "wgpu"),
+            Self::Cuda => ("`--backend cuda`", "cuda"),
+        };
+        NotCompiled { what, feature }
+    }
+
     /// The lower-case name, as on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -46,7 +58,7 @@ pub struct NotCompiled {
 }
 
 /// Runs `$body` with `$b` the Burn backend type of `$kind` (`Flex`, `NdArray`, `Wgpu`, `Cuda`); in a
-/// build without a backend's feature (`wgpu`, `cuda`), asking for it makes the enclosing
+/// build without a backend's feature (`ndarray`, `wgpu`, `cuda`), asking for it makes the enclosing
 /// function return [`NotCompiled`], and `--backend wgpu` without a Vulkan (or Metal) driver
 /// returns the error of `require_wgpu` (both converted with `?`'s `From`).
 #[macro_export]
@@ -57,9 +69,14 @@ macro_rules! with_backend {
                 type $b = burn::backend::Flex;
                 $body
             }
+            #[cfg(feature = "ndarray")]
             $crate::backend::BackendKind::Ndarray => {
                 type $b = burn::backend::NdArray;
                 $body
+            }
+            #[cfg(not(feature = "ndarray"))]
+            $crate::backend::BackendKind::Ndarray => {
+                return Err($crate::backend::BackendKind::Ndarray.not_compiled().into());
             }
             #[cfg(feature = "wgpu")]
             $crate::backend::BackendKind::Wgpu => {
@@ -69,11 +86,7 @@ macro_rules! with_backend {
             }
             #[cfg(not(feature = "wgpu"))]
             $crate::backend::BackendKind::Wgpu => {
-                return Err($crate::backend::NotCompiled {
-                    what: "`--backend wgpu`",
-                    feature: "wgpu",
-                }
-                .into());
+                return Err($crate::backend::BackendKind::Wgpu.not_compiled().into());
             }
             #[cfg(feature = "cuda")]
             $crate::backend::BackendKind::Cuda => {
@@ -82,11 +95,7 @@ macro_rules! with_backend {
             }
             #[cfg(not(feature = "cuda"))]
             $crate::backend::BackendKind::Cuda => {
-                return Err($crate::backend::NotCompiled {
-                    what: "`--backend cuda`",
-                    feature: "cuda",
-                }
-                .into());
+                return Err($crate::backend::BackendKind::Cuda.not_compiled().into());
             }
         }
     };
@@ -105,6 +114,7 @@ impl HalfCompute for burn::backend::Flex {
     type Half = burn_sketch::cpu::HalfFlex;
 }
 
+#[cfg(feature = "ndarray")]
 impl HalfCompute for burn::backend::NdArray {
     type Half = Self;
 }

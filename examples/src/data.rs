@@ -86,7 +86,7 @@ impl<B: Backend> Batcher<B, Digit, DigitBatch<B>> for DigitBatcher {
 
 #[cfg(test)]
 mod tests {
-    use burn::backend::NdArray;
+    use burn::backend::Flex;
 
     use super::*;
 
@@ -102,9 +102,9 @@ mod tests {
         assert_eq!(dataset.len(), 2);
         assert!(dataset.get(2).is_none());
         let items = vec![dataset.get(1).unwrap(), dataset.get(0).unwrap()];
-        let batch: DigitBatch<NdArray> = DigitBatcher.batch(items, &Default::default());
+        let batch: DigitBatch<Flex> = DigitBatcher.batch(items, &Default::default());
         assert_eq!(batch.images.dims(), [2, 4]);
-        let targets: Vec<i64> = batch.targets.into_data().to_vec().unwrap();
+        let targets: Vec<i64> = batch.targets.into_data().convert::<i64>().to_vec().unwrap();
         assert_eq!(targets, vec![7, 3]);
         let pixels: Vec<f32> = batch.images.into_data().to_vec().unwrap();
         let (zero, one) = (-MEAN / STD, (1.0 - MEAN) / STD);

@@ -190,7 +190,7 @@ impl<B: Backend> Mlp<B> {
         Ok(self)
     }
 
-    /// The model with `profiler` told of each training step's start (see burn-memory's
+    /// The model with `profiler` told of each training step's start (see burn-profiler's
     /// `StepProfiler`).
     pub fn with_profiler(mut self, profiler: StepProfiler) -> Self {
         self.profiler = Some(profiler);

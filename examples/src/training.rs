@@ -71,7 +71,7 @@ pub struct TrainingConfig {
     /// `segmented_backward`): only their inputs are kept, each is recomputed in backward.
     #[config(default = "None")]
     pub checkpoint_segments: Option<usize>,
-    /// Data-parallel peers on this machine (burn-memory's `DataParallel` on burn-collective):
+    /// Data-parallel peers on this machine (burn-data-parallel's `DataParallel` on burn-collective):
     /// each trains a replica on its shard of the data, with `batch_size / peers` digits per
     /// step, and the gradients are averaged over all peers of the run. 1, without `node`,
     /// trains on one device without it.
@@ -91,6 +91,13 @@ pub struct TrainingConfig {
     /// accuracy, size and inference time next to the `f32` model's.
     #[config(default = false)]
     pub int8: bool,
+}
+
+impl TrainingConfig {
+    /// Whether the run asks for data parallel: several local peers, or a node of several.
+    pub fn asks_data_parallel(&self) -> bool {
+        self.devices > 1 || self.node.is_some()
+    }
 }
 
 /// Why a run could not start.
@@ -405,7 +412,7 @@ fn data_parallel<B: AutodiffBackend>(
     config: &TrainingConfig,
     device: &B::Device,
 ) -> Result<Option<(DataParallel<B>, usize)>, TrainingError> {
-    if config.devices <= 1 && config.node.is_none() {
+    if !config.asks_data_parallel() {
         return Ok(None);
     }
     let devices = vec![device.clone(); config.devices.max(1)];
@@ -433,7 +440,7 @@ fn data_parallel<B: AutodiffBackend>(
     config: &TrainingConfig,
     _device: &B::Device,
 ) -> Result<Option<(DataParallel<B>, usize)>, TrainingError> {
-    if config.devices <= 1 && config.node.is_none() {
+    if !config.asks_data_parallel() {
         return Ok(None);
     }
     Err(TrainingError::NotCompiled(crate::parallel::NOT_COMPILED))

@@ -7,7 +7,7 @@
 //! - `overhead`: kernel launches, pool reservations, new device buffers, host reads, device
 //!   waits and queue submissions per call of `SkLinear` and dense `nn::Linear` on wgpu,
 //!   counted from CubeCL's tracing spans and wgpu-core's API log.
-//! - `profiler-cost`: an MNIST training step with and without burn-memory's profiler
+//! - `profiler-cost`: an MNIST training step with and without burn-profiler's profiler
 //!   recording, the median step time of each.
 //! - `book`: builds the mdBook under `docs/` and checks its pages and links (`--browser`: in
 //!   headless Chromium too).
@@ -65,7 +65,7 @@ enum Task {
     FirstCommand,
     /// Write the HTML profile viewer for a real and a synthetic profile; check it in Chromium.
     ProfileViewer(viewer::ViewerArgs),
-    /// Time an MNIST training step with and without burn-memory's profiler recording.
+    /// Time an MNIST training step with and without burn-profiler's profiler recording.
     ProfilerCost(profiler_cost::ProfilerCostArgs),
 }
 

@@ -1,4 +1,4 @@
-//! `cargo xtask profiler-cost`: what burn-memory's profiler costs a training step.
+//! `cargo xtask profiler-cost`: what burn-profiler's profiler costs a training step.
 //!
 //! The step is `train_mnist`'s: an MLP 784 → 512 → 256 → 10 with sketched hidden layers
 //! (T = 1, k = 32), a batch of 64, cross-entropy, backward and an Adam update. It runs on

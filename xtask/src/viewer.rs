@@ -1,4 +1,4 @@
-//! `cargo xtask profile-viewer`: writes burn-memory's profile viewer for a real and a synthetic
+//! `cargo xtask profile-viewer`: writes burn-profiler's profile viewer for a real and a synthetic
 //! profile, loads each page in headless Chromium and checks what it drew.
 //!
 //! - `mlp`: one training step of an MLP (784 → 256 → 128 → 10, batch 64, cross-entropy, Adam)

@@ -338,7 +338,7 @@ impl MixedPrecision {
     pub fn unscale<B, M>(&mut self, module: &M, grads: GradientsParams) -> Option<GradientsParams>
     where
         B: AutodiffBackend,
-        M: Module<B>,
+        M: AutodiffModule<B>,
     {
         // Running statistics that the compute copy updated in the compute type, back to f32.
         self.restore_shared_state(module);
@@ -437,11 +437,15 @@ impl MixedPrecision {
     /// Casts `module`'s float state that is not f32 back to f32. The master model's own
     /// parameters are f32 and untouched by [`cast_module`](Self::cast_module); what it finds
     /// in the compute type is state shared with the compute copy (a `RunningState`), which
-    /// the mapper writes back in place, so mapping a clone updates `module` itself.
-    fn restore_shared_state<B: AutodiffBackend, M: Module<B>>(&self, module: &M) {
+    /// the mapper writes back in place, so mapping a clone updates `module` itself. A running
+    /// state keeps the forward's update pending until it is synced, and mappers see the
+    /// synced value: `valid` (Burn's public way to sync, cheap: it copies tensor handles)
+    /// syncs first.
+    fn restore_shared_state<B: AutodiffBackend, M: AutodiffModule<B>>(&self, module: &M) {
         if self.compute == Precision::F32 {
             return;
         }
+        drop(module.valid());
         let _ = module.clone().map(&mut RestoreF32);
     }
 }

@@ -13,7 +13,7 @@
 //! | [`HalfFlex`](crate::cpu::HalfFlex) | `flex` | Flex's |
 //! | every `CubeBackend` (`Wgpu`, `Cuda`, `Rocm`, ...) | `cubecl` (`wgpu`, `cuda`) | the `burn-sketch-kernels` kernels (activation in their output pass) or the tensor-op path, by [`KernelStrategy`] |
 //! | `Fusion<B>` | `fusion` | one custom operation in the fusion stream, running `B`'s |
-//! | `Profiled<B>` (burn-memory's profiler) | `profile` | `B`'s, recorded as one operation |
+//! | `Profiled<B>` (burn-profiler) | `profile` | `B`'s, recorded as one operation |
 //! | `Autodiff<B>` | always | one graph node whose backward runs `B`'s |
 //!
 //! `SkLinear<B>` compiles for exactly these. Burn's other backends (`Candle`, `LibTorch`, the

@@ -1,4 +1,4 @@
-//! `SkLinear` under burn-memory's profiling backend: one recorded operation per product,
+//! `SkLinear` under burn-profiler's profiling backend: one recorded operation per product,
 //! running the inner backend's own path, with the gradients of the unprofiled backend.
 
 use burn::backend::{Autodiff, Flex, NdArray};

@@ -1,5 +1,5 @@
 //! `language_model --profile DIR`: a few training steps of a model on
-//! `Autodiff<Profiled<B>>`, recorded by burn-memory's [`StepProfiler`].
+//! `Autodiff<Profiled<B>>`, recorded by burn-profiler's [`StepProfiler`].
 //!
 //! The study's own loop, not burn-train's learner: the same batches and Adam updates as its
 //! arms train with. Each step runs its forward pass (the loss included), its backward pass and

@@ -7,7 +7,7 @@
 //! absolute times across runs are not. Every row shows the speedup achieved next to the one
 //! the FLOP counts allow, or on a known device (`--device-model`) the roofline bounds allow;
 //! and the peak memory of each operation through burn-memory's tracker. With `--profile DIR`,
-//! each point's operations then run again under burn-memory's profiler, and each one's profile
+//! each point's operations then run again under burn-profiler's profiler, and each one's profile
 //! is written to `DIR/<point>/<operation>/` (see `profile.rs`).
 
 mod grid;
@@ -162,7 +162,7 @@ pub struct BenchArgs {
     /// median grew by more than this percentage.
     #[arg(long, value_name = "PCT", requires = "baseline")]
     pub fail_on_regression: Option<f64>,
-    /// After timing, run each point's five operations again under burn-memory's profiler and
+    /// After timing, run each point's five operations again under burn-profiler's profiler and
     /// write each one's profile (operation table, Chrome trace, viewer.html, memory snapshot,
     /// peak) to `DIR/<point id>/<operation>/`. A separate pass: the timings are not affected.
     #[arg(long, value_name = "DIR")]

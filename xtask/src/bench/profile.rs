@@ -1,7 +1,7 @@
 //! `cargo xtask bench --profile DIR`: where a workload's time and memory go, operation by
 //! operation.
 //!
-//! After every point has been timed, each point's workloads run again on burn-memory's
+//! After every point has been timed, each point's workloads run again on burn-profiler's
 //! `Profiled<B>` (the training ones on `Autodiff<Profiled<B>>`) with a `Profiler` recording
 //! shapes and memory, and each workload's profile is written by `write_profile` into
 //! `DIR/<point id>/<workload>/`. A separate pass, so that the recording costs nothing to the

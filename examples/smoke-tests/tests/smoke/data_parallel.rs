@@ -1,4 +1,4 @@
-//! Data-parallel training of the sketched MLP through burn-train's learner (burn-memory's
+//! Data-parallel training of the sketched MLP through burn-train's learner (burn-data-parallel's
 //! `DataParallel`, two peers on Flex): with segment checkpointing and with f16 mixed precision
 //! on top, K steps end where K steps on one device over the same digits end; and `train`'s
 //! `devices` option trains.
