@@ -445,159 +445,199 @@ pub fn backward<R: CubeRuntime>(
     let mut operands = weights.named().to_vec();
     operands.push(("grad_output", &grad_output));
     let dtype = check_dtypes(&x, &operands)?;
-    let alpha = dims.alpha();
-    let half = dims.half();
-    let k = dims.low_rank;
+    let step = BackwardStep {
+        x: &x,
+        weights,
+        grad_output: &grad_output,
+        dims,
+        rows,
+        dtype,
+        // The halves of ∂P = α·∂y·Bᵀ and P = x·A that the wanted gradients read.
+        grad_halves: Halves {
+            first: wanted.x || wanted.s1s,
+            second: wanted.x || wanted.u2s,
+        },
+        p_halves: Halves {
+            first: wanted.u1s,
+            second: wanted.s2s,
+        },
+    };
+    let (grad_p, p) = step.projections();
+    Ok(step.gradients(wanted, grad_p.as_ref(), p.as_ref()))
+}
 
-    // Backward 1 and 2: the halves of ∂P = α·∂y·Bᵀ and P = x·A that the wanted gradients read.
-    let grad_halves = Halves {
-        first: wanted.x || wanted.s1s,
-        second: wanted.x || wanted.u2s,
-    };
-    let p_halves = Halves {
-        first: wanted.u1s,
-        second: wanted.s2s,
-    };
-    let mut projections = Vec::new();
-    if grad_halves.any() {
-        let problem = GemmProblem::new(rows, grad_halves.width(half), dims.d_out)
-            .with_layouts(
-                (Layout::RowMajor, Layout::OutputFactorT, Layout::RowMajor),
-                k,
-            )
-            .with_alpha(alpha);
-        let factors = grad_halves.operands((&weights.u1s, &weights.s2s), half);
-        projections.push((problem, &grad_output, factors));
-    }
-    if p_halves.any() {
-        let problem = GemmProblem::new(rows, p_halves.width(half), dims.d_in)
-            .with_layouts((Layout::RowMajor, Layout::InputFactor, Layout::RowMajor), k);
-        let factors = p_halves.operands((&weights.s1s, &weights.u2s), half);
-        projections.push((problem, &x, factors));
-    }
-    let outputs: Vec<_> = projections
-        .iter()
-        .map(|(problem, _, _)| empty(&x, Shape::new([rows, problem.cols]), dtype))
-        .collect();
-    let partial = projections
-        .iter()
-        .any(|(problem, _, _)| problem.slices(&x.client).1 > 1);
-    let targets: Vec<_> = if partial {
-        projections
-            .iter()
-            .map(|(problem, _, _)| workspace(&x, problem))
-            .collect()
-    } else {
-        outputs.clone()
-    };
-    let products: Vec<_> = projections
-        .iter()
-        .zip(&targets)
-        .map(|((problem, lhs, (rhs, tail)), out)| Product {
-            problem: *problem,
-            lhs,
-            rhs,
-            tail: *tail,
-            out,
-        })
-        .collect();
-    if !products.is_empty() {
-        launch_group(&products, None, partial);
-    }
-    if partial {
-        let slab = |index: usize| (&projections[index].0, &targets[index], &outputs[index]);
-        reduce_splits(slab(0), (projections.len() > 1).then(|| slab(1)), None);
-    }
-    let mut outputs = outputs.into_iter();
-    let grad_p = grad_halves.any().then(|| outputs.next()).flatten();
-    let p = p_halves.any().then(|| outputs.next()).flatten();
+/// The operands and shapes of one backward call, shared by its steps.
+struct BackwardStep<'a, R: CubeRuntime> {
+    x: &'a CubeTensor<R>,
+    weights: &'a SketchWeights<R>,
+    grad_output: &'a CubeTensor<R>,
+    dims: Dims,
+    rows: usize,
+    dtype: DType,
+    grad_halves: Halves,
+    p_halves: Halves,
+}
 
-    // Backward 3: every wanted gradient from ∂P and P, in grouped launches.
-    let empty_like = |shape: [usize; 3]| empty(&x, Shape::new(shape), dtype);
-    let input_side = [dims.terms, dims.d_in, k];
-    let output_side = [dims.terms, k, dims.d_out];
-    let mut gradients: [Option<CubeTensor<R>>; 5] = Default::default();
-    let wanted_list = [wanted.x, wanted.s1s, wanted.s2s, wanted.u1s, wanted.u2s];
-    for (slot, &is_wanted) in wanted_list.iter().enumerate() {
-        if is_wanted {
-            gradients[slot] = Some(match slot {
-                0 => empty(&x, Shape::new([rows, dims.d_in]), dtype),
-                1 | 4 => empty_like(input_side),
-                _ => empty_like(output_side),
-            });
-        }
-    }
-    let mut products = Vec::new();
-    if let (Some(out), Some(grad_p)) = (&gradients[0], &grad_p) {
-        // ∂x = ∂P·Aᵀ = [∂P₁ | ∂P₂]·[S1ᵀ; U2ᵀ].
-        let problem = GemmProblem::new(rows, dims.d_in, 2 * half).with_layouts(
-            (Layout::RowMajor, Layout::InputFactorT, Layout::RowMajor),
-            k,
-        );
-        products.push(Product {
-            problem,
-            lhs: grad_p,
-            rhs: &weights.s1s,
-            tail: Some((&weights.u2s, Concat::Depth, half)),
-            out,
-        });
-    }
-    // Input-side factor gradients: xᵀ·∂P_h, written as `[T, d_in, k]`.
-    for (slot, second) in [(1, false), (4, true)] {
-        if let (Some(out), Some(grad_p)) = (&gradients[slot], &grad_p) {
-            let problem = GemmProblem::new(dims.d_in, half, rows)
+impl<R: CubeRuntime> BackwardStep<'_, R> {
+    /// Backward 1 and 2: the halves of `∂P` and `P` the wanted gradients read, in one grouped
+    /// launch, and one more that adds the depth slices when either product is split.
+    fn projections(&self) -> (Option<CubeTensor<R>>, Option<CubeTensor<R>>) {
+        let (dims, rows, half) = (self.dims, self.rows, self.dims.half());
+        let k = dims.low_rank;
+        let weights = self.weights;
+        let mut projections = Vec::new();
+        if self.grad_halves.any() {
+            let problem = GemmProblem::new(rows, self.grad_halves.width(half), dims.d_out)
                 .with_layouts(
-                    (Layout::Transposed, Layout::RowMajor, Layout::InputFactor),
+                    (Layout::RowMajor, Layout::OutputFactorT, Layout::RowMajor),
                     k,
                 )
-                .with_offsets(0, grad_halves.offset(second, half));
-            products.push(Product {
-                problem,
-                lhs: &x,
-                rhs: grad_p,
-                tail: None,
-                out,
-            });
+                .with_alpha(dims.alpha());
+            let factors = self
+                .grad_halves
+                .operands((&weights.u1s, &weights.s2s), half);
+            projections.push((problem, self.grad_output, factors));
         }
-    }
-    // Output-side factor gradients: α·P_hᵀ·∂y, written as `[T, k, d_out]`.
-    for (slot, second) in [(2, true), (3, false)] {
-        if let (Some(out), Some(p)) = (&gradients[slot], &p) {
-            let problem = GemmProblem::new(half, dims.d_out, rows)
-                .with_layouts(
-                    (Layout::Transposed, Layout::RowMajor, Layout::OutputFactor),
-                    k,
-                )
-                .with_alpha(alpha)
-                .with_offsets(p_halves.offset(second, half), 0);
-            products.push(Product {
-                problem,
-                lhs: p,
-                rhs: &grad_output,
-                tail: None,
-                out,
-            });
+        if self.p_halves.any() {
+            let problem = GemmProblem::new(rows, self.p_halves.width(half), dims.d_in)
+                .with_layouts((Layout::RowMajor, Layout::InputFactor, Layout::RowMajor), k);
+            let factors = self.p_halves.operands((&weights.s1s, &weights.u2s), half);
+            projections.push((problem, self.x, factors));
         }
-    }
-    for group in products.chunks(group_size(&x.client)) {
-        let unsplit: Vec<_> = group
+        let outputs: Vec<_> = projections
             .iter()
-            .map(|product| Product {
-                problem: product.problem.with_splits(1),
-                ..*product
+            .map(|(problem, _, _)| empty(self.x, Shape::new([rows, problem.cols]), self.dtype))
+            .collect();
+        let partial = projections
+            .iter()
+            .any(|(problem, _, _)| problem.slices(&self.x.client).1 > 1);
+        let targets: Vec<_> = if partial {
+            projections
+                .iter()
+                .map(|(problem, _, _)| workspace(self.x, problem))
+                .collect()
+        } else {
+            outputs.clone()
+        };
+        let products: Vec<_> = projections
+            .iter()
+            .zip(&targets)
+            .map(|((problem, lhs, (rhs, tail)), out)| Product {
+                problem: *problem,
+                lhs,
+                rhs,
+                tail: *tail,
+                out,
             })
             .collect();
-        launch_group(&unsplit, None, false);
+        if !products.is_empty() {
+            launch_group(&products, None, partial);
+        }
+        if partial {
+            let slab = |index: usize| (&projections[index].0, &targets[index], &outputs[index]);
+            reduce_splits(slab(0), (projections.len() > 1).then(|| slab(1)), None);
+        }
+        let mut outputs = outputs.into_iter();
+        let grad_p = self.grad_halves.any().then(|| outputs.next()).flatten();
+        let p = self.p_halves.any().then(|| outputs.next()).flatten();
+        (grad_p, p)
     }
 
-    let [x, s1s, s2s, u1s, u2s] = gradients;
-    Ok(SketchGradients {
-        x,
-        s1s,
-        s2s,
-        u1s,
-        u2s,
-    })
+    /// Backward 3: every wanted gradient from `∂P` and `P`, in grouped launches.
+    fn gradients(
+        &self,
+        wanted: WantedGradients,
+        grad_p: Option<&CubeTensor<R>>,
+        p: Option<&CubeTensor<R>>,
+    ) -> SketchGradients<R> {
+        let (dims, rows, half) = (self.dims, self.rows, self.dims.half());
+        let (x, weights, k) = (self.x, self.weights, dims.low_rank);
+        let empty_like = |shape: [usize; 3]| empty(x, Shape::new(shape), self.dtype);
+        let input_side = [dims.terms, dims.d_in, k];
+        let output_side = [dims.terms, k, dims.d_out];
+        let mut gradients: [Option<CubeTensor<R>>; 5] = Default::default();
+        let wanted_list = [wanted.x, wanted.s1s, wanted.s2s, wanted.u1s, wanted.u2s];
+        for (slot, &is_wanted) in wanted_list.iter().enumerate() {
+            if is_wanted {
+                gradients[slot] = Some(match slot {
+                    0 => empty(x, Shape::new([rows, dims.d_in]), self.dtype),
+                    1 | 4 => empty_like(input_side),
+                    _ => empty_like(output_side),
+                });
+            }
+        }
+        let mut products = Vec::new();
+        if let (Some(out), Some(grad_p)) = (&gradients[0], grad_p) {
+            // ∂x = ∂P·Aᵀ = [∂P₁ | ∂P₂]·[S1ᵀ; U2ᵀ].
+            let problem = GemmProblem::new(rows, dims.d_in, 2 * half).with_layouts(
+                (Layout::RowMajor, Layout::InputFactorT, Layout::RowMajor),
+                k,
+            );
+            products.push(Product {
+                problem,
+                lhs: grad_p,
+                rhs: &weights.s1s,
+                tail: Some((&weights.u2s, Concat::Depth, half)),
+                out,
+            });
+        }
+        // Input-side factor gradients: xᵀ·∂P_h, written as `[T, d_in, k]`.
+        for (slot, second) in [(1, false), (4, true)] {
+            if let (Some(out), Some(grad_p)) = (&gradients[slot], grad_p) {
+                let problem = GemmProblem::new(dims.d_in, half, rows)
+                    .with_layouts(
+                        (Layout::Transposed, Layout::RowMajor, Layout::InputFactor),
+                        k,
+                    )
+                    .with_offsets(0, self.grad_halves.offset(second, half));
+                products.push(Product {
+                    problem,
+                    lhs: x,
+                    rhs: grad_p,
+                    tail: None,
+                    out,
+                });
+            }
+        }
+        // Output-side factor gradients: α·P_hᵀ·∂y, written as `[T, k, d_out]`.
+        for (slot, second) in [(2, true), (3, false)] {
+            if let (Some(out), Some(p)) = (&gradients[slot], p) {
+                let problem = GemmProblem::new(half, dims.d_out, rows)
+                    .with_layouts(
+                        (Layout::Transposed, Layout::RowMajor, Layout::OutputFactor),
+                        k,
+                    )
+                    .with_alpha(dims.alpha())
+                    .with_offsets(self.p_halves.offset(second, half), 0);
+                products.push(Product {
+                    problem,
+                    lhs: p,
+                    rhs: self.grad_output,
+                    tail: None,
+                    out,
+                });
+            }
+        }
+        for group in products.chunks(group_size(&x.client)) {
+            let unsplit: Vec<_> = group
+                .iter()
+                .map(|product| Product {
+                    problem: product.problem.with_splits(1),
+                    ..*product
+                })
+                .collect();
+            launch_group(&unsplit, None, false);
+        }
+
+        let [x, s1s, s2s, u1s, u2s] = gradients;
+        SketchGradients {
+            x,
+            s1s,
+            s2s,
+            u1s,
+            u2s,
+        }
+    }
 }
 
 /// Which halves of a `[n, 2Tk]` matrix (`∂P` or `P`) are computed: only those a wanted
