@@ -216,7 +216,7 @@ where
         model.visit(&mut Materialize);
         learner.load_model(model.into_record());
         // A fresh collective: an earlier run's peers are gone.
-        crate::peer::reset_collectives::<<LC::Backend as AutodiffBackend>::InnerBackend>();
+        crate::peer::reset_collectives::<Inner<LC>>();
 
         let local_peers = self.devices.len();
         let world = self.config.world_size(local_peers);

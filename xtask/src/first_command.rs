@@ -65,13 +65,18 @@ pub fn packages() -> Result<BTreeSet<String>> {
         .collect())
 }
 
+/// The [`FORBIDDEN`] packages among `packages`.
+pub fn forbidden(packages: &BTreeSet<String>) -> Vec<&'static str> {
+    FORBIDDEN
+        .into_iter()
+        .filter(|name| packages.contains(*name))
+        .collect()
+}
+
 /// `cargo xtask first-command`: the count, the budget, and any forbidden package.
 pub fn run() -> Result<()> {
     let packages = packages()?;
-    let forbidden: Vec<&str> = FORBIDDEN
-        .into_iter()
-        .filter(|name| packages.contains(*name))
-        .collect();
+    let forbidden = forbidden(&packages);
     println!(
         "the README's first command compiles {} packages (budget {BUDGET})",
         packages.len()
@@ -96,10 +101,7 @@ mod tests {
         for expected in ["examples", "burn-sketch", "burn-memory", "burn-flex"] {
             assert!(packages.contains(expected), "`{expected}` not in the tree");
         }
-        let forbidden: Vec<&str> = FORBIDDEN
-            .into_iter()
-            .filter(|name| packages.contains(*name))
-            .collect();
+        let forbidden = forbidden(&packages);
         assert!(
             forbidden.is_empty(),
             "the README's first command compiles {forbidden:?}: a default feature pulls the \

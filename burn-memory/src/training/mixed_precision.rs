@@ -446,28 +446,20 @@ impl MixedPrecision {
             return;
         }
         drop(module.valid());
-        let _ = module.clone().map(&mut RestoreF32);
+        let _ = module.clone().map(&mut CastParams(DType::F32));
     }
 }
 
-/// Casts float state that is not f32 back to f32, keeping its id.
-struct RestoreF32;
-
-impl<B: AutodiffBackend> ModuleMapper<B> for RestoreF32 {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        if param.val().dtype() == DType::F32 {
-            return param;
-        }
-        param.map(|tensor| tensor.cast(DType::F32))
-    }
-}
-
-/// Casts every float parameter, keeping its id so that gradients still map to it.
+/// Casts every float parameter not already of the type, keeping its id so that gradients
+/// still map to it. One already of the type is left as it is (no node on the autodiff graph).
 struct CastParams(DType);
 
 impl<B: AutodiffBackend> ModuleMapper<B> for CastParams {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let dtype = self.0;
+        if param.val().dtype() == dtype {
+            return param;
+        }
         param.map(|tensor| tensor.cast(dtype))
     }
 }
