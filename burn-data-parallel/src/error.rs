@@ -9,8 +9,8 @@ use std::time::Duration;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum DistributedError {
-    /// The configuration cannot describe a run (no device, a rank outside the node count, an
-    /// address that does not parse...).
+    /// The configuration cannot describe a run (no device, `mpi` without MPI initialised, more
+    /// than 256 peers...).
     #[error("invalid data-parallel configuration: {0}")]
     InvalidConfig(String),
     /// Another data-parallel run is going on in this process: burn-collective keeps one
@@ -31,8 +31,8 @@ pub enum DistributedError {
         /// The configured timeout.
         timeout: Duration,
     },
-    /// A collective operation completed without every peer of the run: a node left and
-    /// burn-collective went on with the others.
+    /// A collective operation completed without every peer of the run: a peer that joined
+    /// another run, or a count the reduction lost.
     #[error("peer {peer}: `{operation}` counted {found} of the run's {expected} peers")]
     PeersMissing {
         /// The global rank of the peer that noticed.
@@ -43,6 +43,24 @@ pub enum DistributedError {
         expected: usize,
         /// The peers the operation counted.
         found: usize,
+    },
+    /// An all-reduce across the processes of an MPI job did not complete within the timeout,
+    /// and these MPI ranks never reached it: they died, hang, or spend longer than the timeout
+    /// between two operations. (Launch with `mpirun --enable-recovery` for the others to see
+    /// this error: by default Open MPI ends the whole job when one process dies.)
+    #[error(
+        "peer {peer}: `{operation}` did not complete within {timeout:?}: MPI rank(s) {} never reached it (dead or hung)",
+        ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    ProcessesLost {
+        /// The global rank of the peer that gave up.
+        peer: u32,
+        /// The collective operation.
+        operation: &'static str,
+        /// The MPI ranks (processes) that never arrived.
+        ranks: Vec<u32>,
+        /// The configured timeout.
+        timeout: Duration,
     },
     /// burn-collective refused or failed an operation.
     #[error("peer {peer}: `{operation}` failed in burn-collective: {message}")]
@@ -70,7 +88,7 @@ pub enum DistributedError {
         /// The panic's message.
         message: String,
     },
-    /// The orchestrator of a multi-node run could not be started.
-    #[error("the collective orchestrator could not start: {0}")]
-    Orchestrator(String),
+    /// MPI could not be initialised as data parallel needs it.
+    #[error("MPI: {0}")]
+    Mpi(String),
 }

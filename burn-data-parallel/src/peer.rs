@@ -1,5 +1,6 @@
-//! One peer of a data-parallel run: its registration with burn-collective and every collective
-//! operation it takes part in, each bounded in time.
+//! One peer of a data-parallel run: every collective operation it takes part in, each bounded
+//! in time. Peers of one process reduce through burn-collective's local server; with MPI, the
+//! process's sum then meets the other processes' in MPI's all-reduce.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -11,12 +12,13 @@ use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorPrimitive};
-use burn_collective::{CollectiveConfig, CollectiveError, PeerId, ReduceOperation};
-
-use crate::bucket::{Checksums, GradientLayout};
-use crate::renewal::Renewal;
+use burn_collective::{CollectiveError, PeerId, ReduceOperation};
 use burn_memory::DeviceTransfer;
 
+use crate::bucket::{Checksums, GradientLayout};
+use crate::config::local_collective;
+#[cfg(feature = "mpi")]
+use crate::processes::ProcessGroup;
 use crate::{DataParallelConfig, DistributedError};
 
 /// A job for the peer's collective thread.
@@ -26,9 +28,11 @@ type Job = Box<dyn FnOnce() + Send>;
 ///
 /// burn-collective's operations block until every peer has called them. A peer calls them on
 /// a thread of its own and waits for the answer at most the configured timeout, so that a peer
-/// that died or never arrived is an error, [`DistributedError::Timeout`], not a hang. After a
-/// timeout the peer is spent: its thread may stay blocked in burn-collective until the process
-/// ends, and every later call fails at once.
+/// that died or never arrived is an error, [`DistributedError::Timeout`], not a hang. Across
+/// the processes of an MPI job, the process's first peer polls MPI's non-blocking all-reduce
+/// until the timeout, and names the ranks that never came
+/// ([`DistributedError::ProcessesLost`]). After a timeout the peer is spent: its thread may
+/// stay blocked in burn-collective until the process ends, and every later call fails at once.
 ///
 /// [`DataParallel`](super::DataParallel) runs one per device inside burn-train's learner; a
 /// training loop of one's own uses it directly:
@@ -73,6 +77,9 @@ type Job = Box<dyn FnOnce() + Send>;
 /// ```
 pub struct Peer<B: Backend> {
     id: PeerId,
+    /// This peer's index among the peers of its process.
+    local: usize,
+    local_peers: usize,
     world: usize,
     device: B::Device,
     timeout: Duration,
@@ -85,14 +92,18 @@ pub struct Peer<B: Backend> {
     /// handle for tensor"), and CubeCL 0.10 moves a tensor between two wgpu devices only on
     /// CUDA.
     staged: bool,
-    /// A multi-node run's registration, left after each operation and renewed before the
-    /// next (see `Peer::rejoin`).
-    renewal: Option<Renewal>,
+    /// Whether the run spans several processes.
+    across_processes: bool,
+    /// The processes of an MPI job, on the process's first peer (the others get the sum from
+    /// it).
+    #[cfg(feature = "mpi")]
+    group: Option<ProcessGroup>,
 }
 
 impl<B: DeviceTransfer> Peer<B> {
-    /// Registers this thread as peer `local` of `local_peers` on this machine, on `device`, and
-    /// waits (at most the timeout) until every peer of the run, on every node, has registered.
+    /// Joins as peer `local` of `local_peers` in this process, on `device`, and waits (at most
+    /// the timeout) until every peer of the process has joined. The peers of other processes
+    /// meet at the first operation.
     ///
     /// # Errors
     /// [`DistributedError::InvalidConfig`] for a configuration that cannot describe the run,
@@ -105,14 +116,13 @@ impl<B: DeviceTransfer> Peer<B> {
         device: B::Device,
         config: &DataParallelConfig,
     ) -> Result<Self, DistributedError> {
-        config.validate(local_peers)?;
+        let processes = config.validate(local_peers)?;
         if local >= local_peers {
             return Err(DistributedError::InvalidConfig(format!(
                 "peer {local} of {local_peers}: peers are numbered from 0"
             )));
         }
-        let collective = config.collective(local_peers)?;
-        let id = PeerId(config.global_rank(local_peers, local));
+        let id = PeerId(processes.global_rank(local_peers, local));
         let (jobs, receiver) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name(format!("collective peer {}", id.0))
@@ -126,29 +136,29 @@ impl<B: DeviceTransfer> Peer<B> {
                 operation: "register",
                 message: format!("cannot start the peer's thread: {error}"),
             })?;
+        let across_processes = processes.size > 1;
         let peer = Self {
             id,
-            world: config.world_size(local_peers),
+            local,
+            local_peers,
+            world: processes.world_size(local_peers),
             device: device.clone(),
             timeout: config.timeout,
             jobs,
             spent: AtomicBool::new(false),
             staged: !B::HOST_MEMORY,
-            renewal: config
-                .node
-                .as_ref()
-                .map(|node| Renewal::new(collective.clone(), node)),
+            across_processes,
+            #[cfg(feature = "mpi")]
+            group: if across_processes && local == 0 {
+                Some(ProcessGroup::new()?)
+            } else {
+                None
+            },
         };
-        peer.register("register", collective)?;
-        if let Some(renewal) = &peer.renewal {
-            // The nodes learn each other's data servers, to keep their renewals in order.
-            const OPERATION: &str = "exchange data addresses";
-            let values = renewal.address_values(peer.world);
-            let summed = peer.all_reduce_values_once(OPERATION, values)?;
-            renewal.learn_addresses(&summed)?;
-            peer.leave_registration()?;
+        if local_peers > 1 {
+            peer.register(local_collective(local_peers))?;
         }
-        tracing::debug!("peer {} of {} registered", id.0, peer.world);
+        tracing::debug!("peer {} of {} joined", id.0, peer.world);
         Ok(peer)
     }
 }
@@ -159,7 +169,7 @@ impl<B: Backend> Peer<B> {
         self.id.0
     }
 
-    /// How many peers train together, on every node.
+    /// How many peers train together, in every process.
     pub fn world_size(&self) -> usize {
         self.world
     }
@@ -176,8 +186,8 @@ impl<B: Backend> Peer<B> {
     ///
     /// # Errors
     /// [`DistributedError::ReplicasDiffer`] naming the parameters that differ somewhere; every
-    /// peer gets the same answer. Timeouts and burn-collective's errors as for every operation
-    /// (a model of another structure on some peer is burn-collective's shape mismatch).
+    /// peer gets the same answer. Timeouts and the engines' errors as for every operation (a
+    /// model of another structure on some peer is a shape mismatch).
     pub fn check_replicas<BA, M>(&self, module: &M) -> Result<(), DistributedError>
     where
         BA: Backend,
@@ -202,8 +212,8 @@ impl<B: Backend> Peer<B> {
     /// has a gradient for gets none.
     ///
     /// # Errors
-    /// [`DistributedError::Timeout`] and [`DistributedError::Collective`], as for every
-    /// operation.
+    /// [`DistributedError::Timeout`], [`DistributedError::ProcessesLost`] and
+    /// [`DistributedError::Collective`], as for every operation.
     pub fn mean_gradients<BA, M>(
         &self,
         module: &M,
@@ -231,113 +241,27 @@ impl<B: Backend> Peer<B> {
         let summed = self.all_reduce(OPERATION, bucket)?;
         let (mean, control) = layout.unpack(summed, self.world, control.len());
         self.check_count(OPERATION, control[1])?;
-        self.leave_registration()?;
         Ok((mean, control[0] > 0.0))
     }
 
     /// Whether any peer says `yes`: one small all-reduce, the same answer everywhere.
     ///
     /// # Errors
-    /// [`DistributedError::Timeout`] and [`DistributedError::Collective`].
+    /// As for every operation.
     pub fn any(&self, yes: bool) -> Result<bool, DistributedError> {
-        // One value per peer: burn-collective's ring cuts a tensor into one slice per node.
-        let values = vec![f32::from(u8::from(yes)); self.world];
-        let summed = self.all_reduce_values("agree", values)?;
+        let summed = self.all_reduce_values("agree", vec![f32::from(u8::from(yes))])?;
         Ok(summed[0] > 0.0)
     }
 
-    /// Leaves the run: waits (at most the timeout) until every peer has left, so that
-    /// burn-collective can be used again in this process.
+    /// Leaves the run: waits (at most the timeout) until every peer of the process has left,
+    /// so that burn-collective can be used again in this process.
     ///
     /// # Errors
     /// [`DistributedError::Timeout`] and [`DistributedError::Collective`].
     pub fn leave(self) -> Result<(), DistributedError> {
-        if self
-            .renewal
-            .as_ref()
-            .is_some_and(|renewal| !renewal.is_registered())
-        {
-            // A multi-node peer left its last registration after its last operation.
+        if self.local_peers == 1 {
             return Ok(());
         }
-        self.finish()
-    }
-
-    /// The element-wise sum of `values` over every peer.
-    fn all_reduce_values(
-        &self,
-        operation: &'static str,
-        values: Vec<f32>,
-    ) -> Result<Vec<f32>, DistributedError> {
-        let summed = self.all_reduce_values_once(operation, values)?;
-        self.leave_registration()?;
-        Ok(summed)
-    }
-
-    /// [`Self::all_reduce_values`] without renewing a multi-node registration.
-    fn all_reduce_values_once(
-        &self,
-        operation: &'static str,
-        mut values: Vec<f32>,
-    ) -> Result<Vec<f32>, DistributedError> {
-        // This peer's 1 in the count of peers.
-        values.push(1.0);
-        let tensor = Tensor::<B, 1>::from_floats(values.as_slice(), &self.device);
-        let mut summed = self
-            .all_reduce(operation, tensor)?
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .expect("converted to f32");
-        let count = summed.pop().expect("the count of peers");
-        self.check_count(operation, count)?;
-        Ok(summed)
-    }
-
-    /// The element-wise sum of `tensor` over every peer.
-    fn all_reduce(
-        &self,
-        operation: &'static str,
-        tensor: Tensor<B, 1>,
-    ) -> Result<Tensor<B, 1>, DistributedError> {
-        self.rejoin()?;
-        let id = self.id;
-        if self.staged {
-            let host = Tensor::<Flex, 1>::from_data(tensor.into_data(), &FlexDevice);
-            let primitive = host.into_primitive().tensor();
-            let summed = self.call(operation, move || {
-                burn_collective::all_reduce::<Flex>(id, primitive, ReduceOperation::Sum)
-            })?;
-            let summed = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(summed));
-            return Ok(Tensor::from_data(summed.into_data(), &self.device));
-        }
-        let primitive = tensor.into_primitive().tensor();
-        let summed = self.call(operation, move || {
-            burn_collective::all_reduce::<B>(id, primitive, ReduceOperation::Sum)
-        })?;
-        Ok(Tensor::from_primitive(TensorPrimitive::Float(summed)))
-    }
-
-    /// Registers with burn-collective (of `B`, or of Flex when staged).
-    fn register(
-        &self,
-        operation: &'static str,
-        collective: CollectiveConfig,
-    ) -> Result<(), DistributedError> {
-        let id = self.id;
-        if self.staged {
-            return self.call(operation, move || {
-                burn_collective::register::<Flex>(id, FlexDevice, collective)
-            });
-        }
-        let device = self.device.clone();
-        self.call(operation, move || {
-            burn_collective::register::<B>(id, device, collective)
-        })
-    }
-
-    /// Leaves burn-collective's registration.
-    fn finish(&self) -> Result<(), DistributedError> {
         let id = self.id;
         if self.staged {
             return self.call("finish", move || {
@@ -349,9 +273,134 @@ impl<B: Backend> Peer<B> {
         })
     }
 
+    /// The element-wise sum of `values` over every peer.
+    fn all_reduce_values(
+        &self,
+        operation: &'static str,
+        mut values: Vec<f32>,
+    ) -> Result<Vec<f32>, DistributedError> {
+        // This peer's 1 in the count of peers.
+        values.push(1.0);
+        let tensor = Tensor::<B, 1>::from_floats(values.as_slice(), &self.device);
+        let mut summed = into_f32(self.all_reduce(operation, tensor)?);
+        let count = summed.pop().expect("the count of peers");
+        self.check_count(operation, count)?;
+        Ok(summed)
+    }
+
+    /// The element-wise sum of `tensor` over every peer: over the process's peers first, then
+    /// across processes.
+    fn all_reduce(
+        &self,
+        operation: &'static str,
+        tensor: Tensor<B, 1>,
+    ) -> Result<Tensor<B, 1>, DistributedError> {
+        let sum = match self.local_peers {
+            1 => tensor,
+            _ => self.local::<Sum>(operation, Some(tensor))?,
+        };
+        if !self.across_processes {
+            return Ok(sum);
+        }
+        self.across_processes(operation, sum)
+    }
+
+    /// The sum over every process of each process's sum `sum`: the process's first peer takes
+    /// part in MPI's all-reduce, and hands the result to the others.
+    #[cfg(feature = "mpi")]
+    fn across_processes(
+        &self,
+        operation: &'static str,
+        sum: Tensor<B, 1>,
+    ) -> Result<Tensor<B, 1>, DistributedError> {
+        let total = match &self.group {
+            Some(group) => {
+                if self.spent.load(Ordering::Relaxed) {
+                    return Err(self.timeout_error(operation));
+                }
+                let values = into_f32(sum);
+                let len = values.len();
+                let summed = group.all_reduce_sum(values, self.timeout).map_err(|lost| {
+                    self.spent.store(true, Ordering::Relaxed);
+                    tracing::error!(
+                        "peer {}: {operation} across processes timed out after {:?}; MPI \
+                         ranks that never came: {:?}",
+                        self.id.0,
+                        self.timeout,
+                        lost.ranks
+                    );
+                    match lost.ranks.is_empty() {
+                        true => self.timeout_error(operation),
+                        false => DistributedError::ProcessesLost {
+                            peer: self.id.0,
+                            operation,
+                            ranks: lost.ranks,
+                            timeout: self.timeout,
+                        },
+                    }
+                })?;
+                Some(Tensor::from_data(
+                    burn::tensor::TensorData::new(summed, [len]),
+                    &self.device,
+                ))
+            }
+            None => None,
+        };
+        match self.local_peers {
+            1 => Ok(total.expect("a process's only peer holds its group")),
+            _ => self.local::<Broadcast>(operation, total),
+        }
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn across_processes(
+        &self,
+        _operation: &'static str,
+        _sum: Tensor<B, 1>,
+    ) -> Result<Tensor<B, 1>, DistributedError> {
+        unreachable!("a run across processes needs the `mpi` feature (refused by `validate`)")
+    }
+
+    /// Runs the local collective operation `Op` on `tensor` (of B, or of Flex when staged).
+    fn local<Op: LocalOperation>(
+        &self,
+        operation: &'static str,
+        tensor: Option<Tensor<B, 1>>,
+    ) -> Result<Tensor<B, 1>, DistributedError> {
+        let id = self.id;
+        if self.staged {
+            let host = tensor.map(|tensor| {
+                Tensor::<Flex, 1>::from_data(tensor.into_data(), &FlexDevice)
+                    .into_primitive()
+                    .tensor()
+            });
+            let result = self.call(operation, move || Op::run::<Flex>(id, host))?;
+            let result = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(result));
+            return Ok(Tensor::from_data(result.into_data(), &self.device));
+        }
+        let primitive = tensor.map(|tensor| tensor.into_primitive().tensor());
+        let result = self.call(operation, move || Op::run::<B>(id, primitive))?;
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(result)))
+    }
+
+    /// Registers with burn-collective's local server (of `B`, or of Flex when staged).
+    fn register(&self, collective: burn_collective::CollectiveConfig) -> Result<(), DistributedError> {
+        const OPERATION: &str = "register";
+        let id = self.id;
+        if self.staged {
+            return self.call(OPERATION, move || {
+                burn_collective::register::<Flex>(id, FlexDevice, collective)
+            });
+        }
+        let device = self.device.clone();
+        self.call(OPERATION, move || {
+            burn_collective::register::<B>(id, device, collective)
+        })
+    }
+
     /// Checks `count`, the sum of every peer's 1 in `operation`: it must count them all (a
-    /// node that left a multi-node run could otherwise let the others go on without it, each
-    /// training alone on its shard with gradients divided by the whole run's size).
+    /// reduction that went on without some peer would otherwise let the others train alone
+    /// on their shards with gradients divided by the whole run's size).
     fn check_count(&self, operation: &'static str, count: f32) -> Result<(), DistributedError> {
         if count == self.world as f32 {
             return Ok(());
@@ -365,45 +414,12 @@ impl<B: Backend> Peer<B> {
         })
     }
 
-    /// In a multi-node run, leaves the registration after its one operation: burn-collective
-    /// 0.21.0 completes one global operation per registration (see `renewal.rs` for the bug
-    /// and for how the nodes keep in step). The next operation registers again.
-    fn leave_registration(&self) -> Result<(), DistributedError> {
-        let Some(renewal) = &self.renewal else {
-            return Ok(());
-        };
-        renewal.mark_left();
-        self.finish()
-    }
-
-    /// In a multi-node run, registers again before an operation, once every node has left
-    /// the last registration, and waits until every node serves data for the new one. Multi-node
-    /// runs have one peer per node: with several, a peer could register again before the others
-    /// on its node had left.
-    fn rejoin(&self) -> Result<(), DistributedError> {
-        let Some(renewal) = self.renewal.as_ref().filter(|r| !r.is_registered()) else {
-            return Ok(());
-        };
-        let id = self.id;
-        let timeout = |operation| {
-            move |error: crate::renewal::WaitError| {
-                self.spent.store(true, Ordering::Relaxed);
-                tracing::error!("peer {}: node {} did not {operation}", id.0, error.rank);
-                DistributedError::Timeout {
-                    peer: id.0,
-                    operation,
-                    timeout: self.timeout,
-                }
-            }
-        };
-        renewal
-            .wait_all_left(self.timeout)
-            .map_err(timeout("leave the last registration"))?;
-        self.register("register again", renewal.next()?)?;
-        renewal
-            .wait_all_serving(self.timeout)
-            .map_err(timeout("serve data for the new registration"))?;
-        Ok(())
+    fn timeout_error(&self, operation: &'static str) -> DistributedError {
+        DistributedError::Timeout {
+            peer: self.id.0,
+            operation,
+            timeout: self.timeout,
+        }
     }
 
     /// Runs `operation` on the peer's collective thread and waits at most the timeout.
@@ -412,13 +428,8 @@ impl<B: Backend> Peer<B> {
         name: &'static str,
         operation: impl FnOnce() -> Result<T, CollectiveError> + Send + 'static,
     ) -> Result<T, DistributedError> {
-        let timeout = DistributedError::Timeout {
-            peer: self.id.0,
-            operation: name,
-            timeout: self.timeout,
-        };
         if self.spent.load(Ordering::Relaxed) {
-            return Err(timeout);
+            return Err(self.timeout_error(name));
         }
         let (answer, receive) = mpsc::sync_channel(1);
         let start = Instant::now();
@@ -444,13 +455,57 @@ impl<B: Backend> Peer<B> {
             Err(_) => {
                 self.spent.store(true, Ordering::Relaxed);
                 tracing::error!(
-                    "peer {}: {name} timed out after {:?}",
+                    "peer {} (local {}): {name} timed out after {:?}",
                     self.id.0,
+                    self.local,
                     self.timeout
                 );
-                Err(timeout)
+                Err(self.timeout_error(name))
             }
         }
+    }
+}
+
+/// A tensor's values as f32 on the host.
+fn into_f32<B: Backend>(tensor: Tensor<B, 1>) -> Vec<f32> {
+    tensor
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("converted to f32")
+}
+
+/// A collective operation of burn-collective's local server, for any backend.
+trait LocalOperation {
+    /// Runs it as peer `id`; `tensor` is `None` for a peer that only receives.
+    fn run<C: Backend>(
+        id: PeerId,
+        tensor: Option<C::FloatTensorPrimitive>,
+    ) -> Result<C::FloatTensorPrimitive, CollectiveError>;
+}
+
+/// The element-wise sum over the process's peers.
+struct Sum;
+
+impl LocalOperation for Sum {
+    fn run<C: Backend>(
+        id: PeerId,
+        tensor: Option<C::FloatTensorPrimitive>,
+    ) -> Result<C::FloatTensorPrimitive, CollectiveError> {
+        let tensor = tensor.expect("every peer gives a tensor to sum");
+        burn_collective::all_reduce::<C>(id, tensor, ReduceOperation::Sum)
+    }
+}
+
+/// One peer's tensor handed to every peer of the process.
+struct Broadcast;
+
+impl LocalOperation for Broadcast {
+    fn run<C: Backend>(
+        id: PeerId,
+        tensor: Option<C::FloatTensorPrimitive>,
+    ) -> Result<C::FloatTensorPrimitive, CollectiveError> {
+        burn_collective::broadcast::<C>(id, tensor)
     }
 }
 

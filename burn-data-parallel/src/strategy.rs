@@ -22,15 +22,16 @@ use burn_memory::training::mixed_precision::Materialize;
 use burn_memory::{DeviceTransfer, with_gradient_reduction};
 
 use crate::bucket::GradientLayout;
+use crate::config::Processes;
 use crate::step::StepReduction;
 use crate::{DataParallelConfig, DistributedError, Peer};
 
 /// burn-collective keeps one collective per process and backend: one run at a time.
 static RUN: Mutex<()> = Mutex::new(());
 
-/// Data-parallel training for burn-train's learner, on burn-collective: one peer per device
-/// (a thread each), every peer training a replica of the model on its shard of the data, the
-/// gradients averaged over all peers (of every node) before each optimizer step.
+/// Data-parallel training for burn-train's learner: one peer per device (a thread each), every
+/// peer training a replica of the model on its shard of the data, the gradients averaged over
+/// all peers (of every process, with [`DataParallelConfig::mpi`]) before each optimizer step.
 ///
 /// - **Shards**: the training data is cut into one equal shard per peer of the run (the last
 ///   `len % peers` items are left out of the epoch), so every peer takes the same number of
@@ -70,15 +71,16 @@ static RUN: Mutex<()> = Mutex::new(());
 pub struct DataParallel<B: AutodiffBackend> {
     devices: Vec<B::Device>,
     config: DataParallelConfig,
+    processes: Processes,
     outcome: Arc<Mutex<Option<Result<DataParallelReport, DistributedError>>>>,
 }
 
 /// What a data-parallel run did, and where its peers' time went.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DataParallelReport {
-    /// Peers of the run, on every node.
+    /// Peers of the run, in every process.
     pub world_size: usize,
-    /// Peers on this machine.
+    /// Peers in this process.
     pub local_peers: usize,
     /// Training steps each peer took.
     pub steps: usize,
@@ -120,12 +122,18 @@ impl<B: AutodiffBackend> DataParallel<B> {
         devices: Vec<B::Device>,
         config: DataParallelConfig,
     ) -> Result<Self, DistributedError> {
-        config.validate(devices.len())?;
+        let processes = config.validate(devices.len())?;
         Ok(Self {
             devices,
             config,
+            processes,
             outcome: Arc::new(Mutex::new(None)),
         })
+    }
+
+    /// How many peers train together, in every process: a step's batch is spread over them.
+    pub fn world_size(&self) -> usize {
+        self.processes.world_size(self.devices.len())
     }
 
     /// The strategy to give burn-train's `SupervisedTraining::with_training_strategy`.
@@ -145,7 +153,8 @@ impl<B: AutodiffBackend> DataParallel<B> {
     ///
     /// # Errors
     /// The error that stopped the run: a timeout, replicas that differ, a peer that panicked,
-    /// burn-collective's refusal; [`DistributedError::InvalidConfig`] when no run happened.
+    /// burn-collective's refusal, ranks of an MPI job that were lost;
+    /// [`DistributedError::InvalidConfig`] when no run happened.
     pub fn report(&self) -> Result<DataParallelReport, DistributedError> {
         burn_memory::lock(&self.outcome).clone().unwrap_or_else(|| {
             Err(DistributedError::InvalidConfig(
@@ -165,6 +174,7 @@ struct Strategy<LC: LearningComponentsTypes> {
 /// What every peer of this machine shares.
 struct Shared<'a, LC: LearningComponentsTypes> {
     config: &'a DataParallelConfig,
+    processes: Processes,
     local_peers: usize,
     num_epochs: usize,
     starting_epoch: usize,
@@ -219,12 +229,20 @@ where
         crate::peer::reset_collectives::<Inner<LC>>();
 
         let local_peers = self.devices.len();
-        let world = self.config.world_size(local_peers);
+        let processes = match self.config.validate(local_peers) {
+            Ok(processes) => processes,
+            Err(error) => {
+                fail(error);
+                return (learner.model(), components.event_processor);
+            }
+        };
+        let world = processes.world_size(local_peers);
         let shard_len = dataloader_train.num_items() / world;
-        let is_main_node = self.config.node.as_ref().is_none_or(|node| node.rank == 0);
+        let is_main_node = processes.rank == 0;
         let processor = Mutex::new(components.event_processor);
         let shared = Shared::<LC> {
             config: &self.config,
+            processes,
             local_peers,
             num_epochs: components.num_epochs,
             starting_epoch,
@@ -302,7 +320,7 @@ where
                     .iter()
                     .enumerate()
                     .map(|(local, device)| {
-                        let rank = self.config.global_rank(local_peers, local) as usize;
+                        let rank = shared.processes.global_rank(local_peers, local) as usize;
                         let shard = dataloader_train
                             .slice(rank * shard_len, (rank + 1) * shard_len)
                             .to_device(device);
@@ -335,7 +353,7 @@ where
                 .map(|(local, handle)| {
                     handle.join().unwrap_or_else(|panic| {
                         Err(DistributedError::PeerPanicked {
-                            peer: self.config.global_rank(local_peers, local),
+                            peer: shared.processes.global_rank(local_peers, local),
                             message: panic_message(panic.as_ref()),
                         })
                     })

@@ -11,10 +11,10 @@
 //! cargo run --release -p examples --example train_mnist -- --backend wgpu --amp f16
 //! cargo run --release -p examples --features cuda --example train_mnist -- --backend cuda
 //! cargo run --release -p examples --example train_mnist -- --epochs 1 --profile target/profile
-//! cargo run --release -p examples --example train_mnist -- --devices 2
-//! # two processes (here on one machine), rank 0 serving the orchestrator:
-//! cargo run --release -p examples --example train_mnist -- --nodes 2 --node-rank 0 --orchestrator 127.0.0.1:3000
-//! cargo run --release -p examples --example train_mnist -- --nodes 2 --node-rank 1 --orchestrator 127.0.0.1:3000
+//! cargo run --release -p examples --features data-parallel --example train_mnist -- --devices 2
+//! # two MPI processes (one machine here; a host file or Slurm's `srun` for several):
+//! cargo build --release -p examples --features mpi --example train_mnist
+//! mpirun -np 2 --enable-recovery target/release/examples/train_mnist --mpi
 //! ```
 //!
 //! The data is the 10,000-digit sample embedded in `examples/data/mnist10k` (8,000 train,
@@ -23,8 +23,10 @@
 //! continues from its newest complete checkpoint. `--profile DIR` trains on
 //! `Autodiff<Profiled<B>>` and records steps 4 to 6 (`--profile-skip`, `--profile-steps`)
 //! inside the learner: the operation table, a Chrome trace and where memory peaked.
-//! `--devices N` trains N data-parallel peers; `--nodes N --node-rank R --orchestrator ADDR`
-//! makes this process one node of a multi-node run (burn-data-parallel's `DataParallel`).
+//! `--devices N` trains N data-parallel peers; `--mpi` makes this process one rank of an MPI
+//! job, every rank running `--devices` peers (burn-data-parallel's `DataParallel`). Rank 0
+//! validates, writes the checkpoints and prints the report; the other ranks log to
+//! `DIR/rank<R>`.
 
 use std::path::PathBuf;
 
@@ -121,28 +123,11 @@ struct Args {
         conflicts_with = "profile"
     )]
     devices: usize,
-    /// Multi-node data parallel: how many processes (nodes) train together. Every node runs
-    /// the same command with its own --node-rank.
-    #[arg(long, value_name = "N", requires_all = ["node_rank", "orchestrator"], conflicts_with = "profile")]
-    nodes: Option<u32>,
-    /// Multi-node: this node's rank, from 0. Rank 0 serves the orchestrator and validates.
-    #[arg(long, value_name = "R", requires = "nodes")]
-    node_rank: Option<u32>,
-    /// Multi-node: the orchestrator's address, HOST:PORT of rank 0's machine.
-    #[arg(long, value_name = "ADDR", requires = "nodes")]
-    orchestrator: Option<String>,
-    /// Multi-node: the host the other nodes reach this node at.
-    #[arg(
-        long,
-        value_name = "HOST",
-        default_value = "127.0.0.1",
-        requires = "nodes"
-    )]
-    node_host: String,
-    /// Multi-node: the first of the two ports this node serves tensors on, PORT and PORT + 1
-    /// (default 3100 + 2 × rank).
-    #[arg(long, value_name = "PORT", requires = "nodes")]
-    data_port: Option<u16>,
+    /// Data parallel across the processes of an MPI job: launch the built binary with
+    /// `mpirun -np N` (or `srun`); each process runs `--devices` peers, rank 0 validates and
+    /// writes the checkpoints. Needs a build with `--features mpi`.
+    #[arg(long, conflicts_with = "profile")]
+    mpi: bool,
     /// Data parallel on a CPU backend: threads of each peer's own compute pool (default: the
     /// peers share the process's threads).
     #[arg(long, value_name = "N")]
@@ -159,32 +144,11 @@ enum AmpKind {
     Bf16,
 }
 
-/// This process's node of a multi-node run (`--nodes`), if any.
-#[cfg(feature = "data-parallel")]
-fn node(args: &Args) -> anyhow::Result<Option<examples::parallel::NodeConfig>> {
-    Ok(args.nodes.map(|nodes| {
-        let rank = args.node_rank.unwrap_or(0);
-        examples::parallel::NodeConfig::new(
-            nodes,
-            rank,
-            args.orchestrator.clone().unwrap_or_default(),
-            args.data_port.unwrap_or(3100 + 2 * rank as u16),
-        )
-        .with_host(args.node_host.clone())
-    }))
-}
-
-/// Without data parallel in this build, `--nodes` is refused with the feature to add.
-#[cfg(not(feature = "data-parallel"))]
-fn node(args: &Args) -> anyhow::Result<Option<examples::parallel::NodeConfig>> {
-    match args.nodes {
-        Some(_) => Err(examples::parallel::NOT_COMPILED.into()),
-        None => Ok(None),
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Held until the run ends: dropping it finalises MPI.
+    let mpi = examples::parallel::init_mpi(args.mpi)?;
+    let rank = mpi.as_ref().map_or(0, |mpi| mpi.rank());
     let model = MlpConfig::new()
         .with_hidden(args.hidden.clone())
         .with_num_terms(args.num_terms)
@@ -206,17 +170,18 @@ fn main() -> anyhow::Result<()> {
         .with_collective_timeout_secs(args.collective_timeout)
         .with_threads_per_peer(args.threads_per_peer)
         .with_int8(args.int8)
-        .with_node(node(&args)?);
+        .with_mpi(args.mpi);
     let data = args.data.clone().unwrap_or_else(Mnist::embedded_dir);
     let kind = if args.dense { "dense" } else { "sketched" };
-    let dir = args.dir.clone().unwrap_or_else(|| {
-        let dir = PathBuf::from("target/train_mnist").join(kind);
-        // Nodes on one machine must not share their logs and checkpoints.
-        match (args.nodes, args.node_rank) {
-            (Some(_), Some(rank)) => dir.join(format!("node{rank}")),
-            _ => dir,
-        }
-    });
+    let main_dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/train_mnist").join(kind));
+    // Ranks must not share their logs; on resuming, all take rank 0's checkpoints.
+    let dir = examples::parallel::rank_dir(&main_dir, rank);
+    if args.resume {
+        examples::parallel::share_checkpoints(&main_dir, rank)?;
+    }
 
     let report = examples::with_backend!(args.backend, |B| {
         let device: burn::tensor::Device<B> = Default::default();
@@ -242,6 +207,10 @@ fn main() -> anyhow::Result<()> {
             train::<Autodiff<B>>(&config, &data, &dir, args.resume, &device)?
         }
     });
+    if rank != 0 {
+        // Rank 0 reports the run (its model is every rank's).
+        return Ok(());
+    }
     println!("model:                    {}", describe(&config.model));
     println!(
         "test accuracy:            {:.2}%",

@@ -1,72 +1,152 @@
 //! Data-parallel training in the examples: burn-data-parallel's types with the `data-parallel`
 //! feature, and without it types of the same names that have no values, so that the code that
 //! trains compiles unchanged and a run that asks for peers fails with [`NotCompiled`] before
-//! any of them is needed.
+//! any of them is needed. Likewise MPI (`--mpi`) with the `mpi` feature.
+
+use std::path::{Path, PathBuf};
 
 #[cfg(feature = "data-parallel")]
 pub use burn_data_parallel::{
-    DataParallel, DataParallelConfig, DataParallelReport, DistributedError, NodeConfig,
-    spawn_orchestrator,
+    DataParallel, DataParallelConfig, DataParallelReport, DistributedError,
 };
+#[cfg(feature = "mpi")]
+pub use burn_data_parallel::Mpi;
 
 #[cfg(not(feature = "data-parallel"))]
-pub use absent::{DataParallel, DataParallelReport, DistributedError, NodeConfig};
+pub use absent::{DataParallel, DataParallelReport, DistributedError};
+#[cfg(not(feature = "mpi"))]
+pub use absent::Mpi;
 
 pub use crate::backend::NotCompiled;
 
 /// What a build without data parallel says when a run asks for it.
 pub const NOT_COMPILED: NotCompiled = NotCompiled {
-    what: "data-parallel training (`--devices`, `--nodes`)",
+    what: "data-parallel training (`--devices`)",
     feature: "data-parallel",
 };
 
-#[cfg(not(feature = "data-parallel"))]
+/// What a build without MPI says when a run asks for it.
+pub const MPI_NOT_COMPILED: NotCompiled = NotCompiled {
+    what: "data-parallel training across MPI processes (`--mpi`)",
+    feature: "mpi",
+};
+
+/// MPI, initialised when the run asks for it (`asked`): `main` holds it for the whole run.
+///
+/// # Errors
+/// [`MPI_NOT_COMPILED`] in a build without the `mpi` feature; MPI's refusal otherwise.
+pub fn init_mpi(asked: bool) -> anyhow::Result<Option<Mpi>> {
+    if !asked {
+        return Ok(None);
+    }
+    #[cfg(feature = "mpi")]
+    return Ok(Some(Mpi::init()?));
+    #[cfg(not(feature = "mpi"))]
+    Err(MPI_NOT_COMPILED.into())
+}
+
+/// The run directory of MPI rank `rank` of a run in `dir`: `dir` itself for rank 0, which
+/// validates and writes the checkpoints, and `dir/rank{rank}` for the others' logs.
+pub fn rank_dir(dir: &Path, rank: u32) -> PathBuf {
+    match rank {
+        0 => dir.to_path_buf(),
+        _ => dir.join(format!("rank{rank}")),
+    }
+}
+
+/// Before a resumed run on rank `rank` > 0: rank 0's configuration and checkpoints copied into
+/// this rank's directory, so that every rank resumes from the same epoch and weights (the run
+/// directory must be reachable from every rank: one machine or a shared file system). The
+/// replica check refuses ranks that resumed from different states.
+pub fn share_checkpoints(dir: &Path, rank: u32) -> std::io::Result<()> {
+    if rank == 0 {
+        return Ok(());
+    }
+    let checkpoints = dir.join("checkpoint");
+    if !checkpoints.is_dir() {
+        // Nothing to resume: every rank starts afresh.
+        return Ok(());
+    }
+    let own = rank_dir(dir, rank);
+    std::fs::create_dir_all(own.join("checkpoint"))?;
+    std::fs::copy(dir.join("config.json"), own.join("config.json"))?;
+    for entry in std::fs::read_dir(checkpoints)? {
+        let path = entry?.path();
+        if let Some(name) = path.file_name() {
+            std::fs::copy(&path, own.join("checkpoint").join(name))?;
+        }
+    }
+    Ok(())
+}
+
 mod absent {
-    use std::convert::Infallible;
-    use std::marker::PhantomData;
+    #![allow(dead_code, unreachable_pub)]
 
-    use burn::tensor::backend::AutodiffBackend;
-    use burn::train::{LearningComponentsTypes, TrainingStrategy};
-
-    /// A node of a multi-node run: none in this build.
-    #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-    pub enum NodeConfig {}
-
-    /// A data-parallel run: none in this build.
+    /// MPI in this process: none in this build.
     #[derive(Debug)]
-    pub struct DataParallel<B>(Infallible, PhantomData<B>);
+    pub enum Mpi {}
 
-    impl<B: AutodiffBackend> DataParallel<B> {
-        /// Unreachable: no run exists.
-        pub fn strategy<LC: LearningComponentsTypes<Backend = B>>(&self) -> TrainingStrategy<LC> {
-            match self.0 {}
+    impl Mpi {
+        /// Unreachable: MPI is not in this build.
+        pub fn rank(&self) -> u32 {
+            match *self {}
         }
 
-        /// Unreachable: no run exists.
-        pub fn report(&self) -> Result<DataParallelReport, DistributedError> {
-            match self.0 {}
-        }
-    }
-
-    /// What a data-parallel run did: none in this build.
-    #[derive(Debug, Clone, PartialEq)]
-    pub enum DataParallelReport {}
-
-    impl std::fmt::Display for DataParallelReport {
-        fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        /// Unreachable: MPI is not in this build.
+        pub fn size(&self) -> u32 {
             match *self {}
         }
     }
 
-    /// A data-parallel failure: none in this build.
-    #[derive(Debug, Clone)]
-    pub enum DistributedError {}
+    #[cfg(not(feature = "data-parallel"))]
+    pub use no_data_parallel::*;
 
-    impl std::fmt::Display for DistributedError {
-        fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            match *self {}
+    #[cfg(not(feature = "data-parallel"))]
+    mod no_data_parallel {
+        use std::convert::Infallible;
+        use std::marker::PhantomData;
+
+        use burn::tensor::backend::AutodiffBackend;
+        use burn::train::{LearningComponentsTypes, TrainingStrategy};
+
+        /// A data-parallel run: none in this build.
+        #[derive(Debug)]
+        pub struct DataParallel<B>(Infallible, PhantomData<B>);
+
+        impl<B: AutodiffBackend> DataParallel<B> {
+            /// Unreachable: no run exists.
+            pub fn strategy<LC: LearningComponentsTypes<Backend = B>>(
+                &self,
+            ) -> TrainingStrategy<LC> {
+                match self.0 {}
+            }
+
+            /// Unreachable: no run exists.
+            pub fn report(&self) -> Result<DataParallelReport, DistributedError> {
+                match self.0 {}
+            }
         }
-    }
 
-    impl std::error::Error for DistributedError {}
+        /// What a data-parallel run did: none in this build.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum DataParallelReport {}
+
+        impl std::fmt::Display for DataParallelReport {
+            fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                match *self {}
+            }
+        }
+
+        /// A data-parallel failure: none in this build.
+        #[derive(Debug, Clone)]
+        pub enum DistributedError {}
+
+        impl std::fmt::Display for DistributedError {
+            fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                match *self {}
+            }
+        }
+
+        impl std::error::Error for DistributedError {}
+    }
 }

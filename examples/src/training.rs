@@ -25,7 +25,7 @@ use burn_memory::{
 use burn_profiler::StepProfiler;
 use burn_sketch::SketchBackend;
 
-use crate::parallel::{DataParallel, DataParallelReport, DistributedError, NodeConfig};
+use crate::parallel::{DataParallel, DataParallelReport, DistributedError};
 
 use crate::checkpoint::AtomicFileRecorder;
 pub use crate::checkpoint::{checkpoint_path, latest_checkpoint};
@@ -71,15 +71,17 @@ pub struct TrainingConfig {
     /// `segmented_backward`): only their inputs are kept, each is recomputed in backward.
     #[config(default = "None")]
     pub checkpoint_segments: Option<usize>,
-    /// Data-parallel peers on this machine (burn-data-parallel's `DataParallel` on burn-collective):
-    /// each trains a replica on its shard of the data, with `batch_size / peers` digits per
-    /// step, and the gradients are averaged over all peers of the run. 1, without `node`,
-    /// trains on one device without it.
+    /// Data-parallel peers in this process (burn-data-parallel's `DataParallel`): each trains
+    /// a replica on its shard of the data, with `batch_size / peers` digits per step, and the
+    /// gradients are averaged over all peers of the run. 1, without `mpi`, trains on one
+    /// device without it.
     #[config(default = 1)]
     pub devices: usize,
-    /// This process's node in a multi-node run (every node runs `devices` peers).
-    #[config(default = "None")]
-    pub node: Option<NodeConfig>,
+    /// This process is one rank of an MPI job (`mpirun -np N`, `srun`): every process runs
+    /// `devices` peers, and the processes' gradients meet in MPI's all-reduce. The caller
+    /// holds MPI initialised ([`crate::parallel::init_mpi`]).
+    #[config(default = false)]
+    pub mpi: bool,
     /// How long a collective operation may wait for the other peers, in seconds.
     #[config(default = 600)]
     pub collective_timeout_secs: u64,
@@ -94,9 +96,9 @@ pub struct TrainingConfig {
 }
 
 impl TrainingConfig {
-    /// Whether the run asks for data parallel: several local peers, or a node of several.
+    /// Whether the run asks for data parallel: several local peers, or several processes.
     pub fn asks_data_parallel(&self) -> bool {
-        self.devices > 1 || self.node.is_some()
+        self.devices > 1 || self.mpi
     }
 }
 
@@ -404,9 +406,8 @@ where
     })
 }
 
-/// The data-parallel run `config` asks for, with its number of peers over all nodes; `None`
-/// for one device. Rank 0 of a multi-node run serves the orchestrator at the port of its
-/// address.
+/// The data-parallel run `config` asks for, with its number of peers over all processes;
+/// `None` for one device.
 #[cfg(feature = "data-parallel")]
 fn data_parallel<B: AutodiffBackend>(
     config: &TrainingConfig,
@@ -416,21 +417,14 @@ fn data_parallel<B: AutodiffBackend>(
         return Ok(None);
     }
     let devices = vec![device.clone(); config.devices.max(1)];
-    let peers = devices.len() * config.node.as_ref().map_or(1, |node| node.nodes as usize);
     let parallel_config = crate::parallel::DataParallelConfig::new()
         .with_timeout(std::time::Duration::from_secs(
             config.collective_timeout_secs,
         ))
-        .with_node(config.node.clone())
+        .with_mpi(config.mpi)
         .with_threads_per_peer(config.threads_per_peer);
     let parallel = DataParallel::new(devices, parallel_config)?;
-    if let Some(node) = &config.node
-        && node.rank == 0
-    {
-        let port = node.orchestrator_port()?;
-        crate::parallel::spawn_orchestrator(port)?;
-        tracing::info!("serving the collective orchestrator on port {port}");
-    }
+    let peers = parallel.world_size();
     Ok(Some((parallel, peers)))
 }
 
@@ -547,9 +541,9 @@ fn prepare_dir(config: &TrainingConfig, dir: &Path, resume: bool) -> Result<usiz
                 let mut c = c.clone();
                 c.epochs = 0;
                 c.workers = 0;
-                // How the steps are spread over devices and machines does not change them.
+                // How the steps are spread over devices and processes does not change them.
                 c.devices = 0;
-                c.node = None;
+                c.mpi = false;
                 c.collective_timeout_secs = 0;
                 c.threads_per_peer = None;
                 c.to_string()

@@ -1,7 +1,8 @@
-//! Data-parallel training on burn-collective: peers' mean gradients against one device on the
-//! whole batch, K learner steps against a one-device loop, the replica check, faults (a peer
-//! that stops, a peer that panics, an orchestrator that is not there) and two node processes
-//! on loopback. On Flex, threads as peers.
+//! Data-parallel training: peers' mean gradients against one device on the whole batch, K
+//! learner steps against a one-device loop, the replica check, faults (a peer that stops, a
+//! peer that panics), threads as peers on Flex, NdArray and wgpu; and MPI jobs of two and three
+//! processes on loopback under `mpirun` (the same checks, mixed precision's skip, a killed
+//! rank).
 //!
 //! burn-collective keeps one collective per process and backend: the in-process tests take
 //! `exclusive()`; the ones that may leave the collective blocked run in their own process.
@@ -22,7 +23,7 @@ use burn::tensor::{Distribution, Tensor, TensorData};
 use burn::train::{
     InferenceStep, Learner, RegressionOutput, SupervisedTraining, TrainOutput, TrainStep,
 };
-use burn_data_parallel::{DataParallel, DataParallelConfig, DistributedError, NodeConfig, Peer};
+use burn_data_parallel::{DataParallel, DataParallelConfig, DistributedError, Mpi, Peer};
 use burn_memory::{
     DeviceTransfer, LossScale, MixedPrecisionConfig, Precision, SharedMixedPrecision,
 };
@@ -481,7 +482,7 @@ fn replicas_that_differ_are_refused() {
 #[test]
 fn learner_steps_on_two_peers_match_one_device() {
     let _lock = exclusive();
-    learner_matches_one_device::<B>(Default::default(), None, false);
+    learner_matches_one_device::<B>(Default::default(), None, false, None);
 }
 
 /// The same under f16 mixed precision with dynamic loss scaling: the still-scaled gradients
@@ -489,7 +490,7 @@ fn learner_steps_on_two_peers_match_one_device() {
 #[test]
 fn learner_steps_under_mixed_precision_match_one_device() {
     let _lock = exclusive();
-    learner_matches_one_device::<B>(Default::default(), Some(Precision::F16), false);
+    learner_matches_one_device::<B>(Default::default(), Some(Precision::F16), false, None);
 }
 
 /// One peer's gradients overflow (a target of 1e38 in its third batch), the other's do not:
@@ -499,7 +500,7 @@ fn learner_steps_under_mixed_precision_match_one_device() {
 #[test]
 fn an_overflow_on_one_peer_is_skipped_by_all() {
     let _lock = exclusive();
-    learner_matches_one_device::<B>(Default::default(), Some(Precision::F32), true);
+    learner_matches_one_device::<B>(Default::default(), Some(Precision::F32), true, None);
 }
 
 /// The same on wgpu (lavapipe in CI): two peers, threads on the one device, against one
@@ -509,26 +510,26 @@ fn learner_steps_on_two_wgpu_peers_match_one_device() {
     let _device = crate::wgpu::exclusive();
     // One data-parallel run per process, whatever the backend.
     let _lock = exclusive();
-    learner_matches_one_device::<Autodiff<burn::backend::Wgpu>>(Default::default(), None, false);
+    learner_matches_one_device::<Autodiff<burn::backend::Wgpu>>(Default::default(), None, false, None);
 }
 
 /// The same on NdArray, the other CPU backend that reduces in place.
 #[test]
 fn learner_steps_on_two_ndarray_peers_match_one_device() {
     let _lock = exclusive();
-    learner_matches_one_device::<Autodiff<burn::backend::NdArray>>(Default::default(), None, false);
+    learner_matches_one_device::<Autodiff<burn::backend::NdArray>>(Default::default(), None, false, None);
 }
 
 /// One epoch of burn-train's learner with `DataParallel` on `peers` threads of `device`, over
-/// `data` in batches of `batch` made by `batcher`, Adam at 1e-2: the trained model and the run
-/// (for its report).
+/// `data` in batches of `batch` made by `batcher`, Adam at 1e-2, laid out by `config`: the
+/// trained model and the run (for its report).
 fn fit_on_peers<Bk, Bt>(
     batcher: Bt,
     data: Vec<Row>,
     batch: usize,
     peers: usize,
     device: &Bk::Device,
-    timeout_ms: u64,
+    config: DataParallelConfig,
     model: Net<Bk>,
 ) -> (Net<Bk::InnerBackend>, DataParallel<Bk>)
 where
@@ -543,8 +544,7 @@ where
     let valid = DataLoaderBuilder::<Bk::InnerBackend, _, _>::new(RowBatcher)
         .batch_size(4)
         .build(InMemDataset::new(rows(4)));
-    let parallel =
-        DataParallel::<Bk>::new(vec![device.clone(); peers], config(timeout_ms)).unwrap();
+    let parallel = DataParallel::<Bk>::new(vec![device.clone(); peers], config).unwrap();
     let result = SupervisedTraining::new(dir.path(), train, valid)
         .num_epochs(1)
         .with_training_strategy(parallel.strategy())
@@ -552,20 +552,39 @@ where
     (result.model, parallel)
 }
 
-/// Five learner steps of `DataParallel` on two peers against five Adam steps of one device
-/// over the same rows: the same weights (and loss scale and skipped steps under `amp`).
-fn learner_matches_one_device<B>(device: B::Device, amp: Option<Precision>, overflow: bool)
+/// Five learner steps of `DataParallel` against five Adam steps of one device over the same
+/// rows: the same weights (and loss scale and skipped steps under `amp`). Two peers in this
+/// process, or `mpi`'s layout: `local_peers` in each process of the MPI job. Returns the trained
+/// weights.
+fn learner_matches_one_device<B>(
+    device: B::Device,
+    amp: Option<Precision>,
+    overflow: bool,
+    mpi: Option<MpiLayout>,
+) -> Vec<Vec<f32>>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceTransfer,
 {
-    const PEERS: usize = 2;
+    let (local_peers, processes, config) = match &mpi {
+        None => (2, 1, config(60_000)),
+        Some(layout) => (
+            layout.local_peers,
+            layout.processes,
+            config(60_000).with_mpi(true),
+        ),
+    };
+    if mpi.is_some() {
+        // Every process draws the same model (the replica check refuses others).
+        B::seed(&device, 7);
+    }
+    let peers = local_peers * processes;
     const BATCH: usize = 4;
     const STEPS: usize = 5;
-    let mut data = rows(PEERS * BATCH * STEPS);
+    let mut data = rows(peers * BATCH * STEPS);
     if overflow {
-        // Peer 1's shard is the second half; its third batch starts 2 batches in.
-        data[PEERS * BATCH * STEPS / 2 + 2 * BATCH + 1].1 = 1e38;
+        // Peer 1's shard is the second; its third batch starts 2 batches in.
+        data[BATCH * STEPS + 2 * BATCH + 1].1 = 1e38;
     }
     let amp = amp.map(|precision| {
         MixedPrecisionConfig::new()
@@ -588,14 +607,14 @@ where
         RowBatcher,
         data.clone(),
         BATCH,
-        PEERS,
+        local_peers,
         &device,
-        60_000,
+        config,
         model.clone(),
     );
     let report = parallel.report().expect("the run went through");
-    assert_eq!((report.world_size, report.steps), (PEERS, STEPS));
-    assert_eq!(report.items, PEERS * BATCH * STEPS);
+    assert_eq!((report.world_size, report.steps), (peers, STEPS));
+    assert_eq!(report.items, local_peers * BATCH * STEPS);
     let trained = weights(&trained_model);
 
     // One device: step s sees peer 0's batch s and peer 1's batch s (each peer's shard is a
@@ -605,9 +624,9 @@ where
         reference.amp = SharedMixedPrecision::new(amp.clone());
     }
     let mut optim = AdamConfig::new().init();
-    let shard = data.len() / PEERS;
+    let shard = data.len() / peers;
     for step in 0..STEPS {
-        let rows: Vec<Row> = (0..PEERS)
+        let rows: Vec<Row> = (0..peers)
             .flat_map(|peer| {
                 let start = peer * shard + step * BATCH;
                 data[start..start + BATCH].to_vec()
@@ -638,6 +657,7 @@ where
             assert_eq!(want.skipped_steps(), 1, "the overflowing step is skipped");
         }
     }
+    trained
 }
 
 /// A peer that stops taking part (it died, or hangs) makes the other's next all-reduce fail
@@ -705,7 +725,7 @@ fn a_peer_that_panics_ends_the_run_with_its_error() {
             data[21].0[0] = f32::NAN; // peer 1's third batch
             let start = Instant::now();
             let (_, parallel) =
-                fit_on_peers(Picky, data, 4, 2, &device, 2000, Net::<B>::new(&device));
+                fit_on_peers(Picky, data, 4, 2, &device, config(2000), Net::<B>::new(&device));
             assert!(
                 start.elapsed() < Duration::from_secs(20),
                 "bounded: {:?}",
@@ -721,171 +741,89 @@ fn a_peer_that_panics_ends_the_run_with_its_error() {
     );
 }
 
-/// An orchestrator that is not there is an error within the timeout, not a hang.
+/// `mpi` without MPI initialised, and layouts that cannot be, are refused before anything
+/// starts. (No test initialises MPI in this process: the MPI jobs below run in `mpirun`'s.)
 #[test]
-fn a_wrong_orchestrator_address_is_an_error() {
-    in_own_process(
-        "distributed::a_wrong_orchestrator_address_is_an_error",
-        || {
-            let port = free_port();
-            let node = NodeConfig::new(2, 1, format!("127.0.0.1:{}", free_port()), free_port());
-            let config = config(3000).with_node(Some(node));
-            let start = Instant::now();
-            let result = Peer::<Flex>::join(0, 1, Default::default(), &config);
-            assert!(result.is_err(), "joined an orchestrator that is not there");
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "{:?}",
-                start.elapsed()
-            );
-            let _ = port;
-        },
-    );
-    // A malformed one is refused before anything starts.
-    let node = NodeConfig::new(2, 0, "127.0.0.1".into(), 4000);
-    assert!(matches!(
-        DataParallel::<B>::new(vec![Default::default()], config(1000).with_node(Some(node))),
-        Err(DistributedError::InvalidConfig(_))
-    ));
-    let node = NodeConfig::new(2, 2, "127.0.0.1:4000".into(), 4001);
-    assert!(matches!(
-        DataParallel::<B>::new(vec![Default::default()], config(1000).with_node(Some(node))),
-        Err(DistributedError::InvalidConfig(_))
-    ));
+fn invalid_layouts_are_refused() {
+    match DataParallel::<B>::new(vec![Default::default()], config(1000).with_mpi(true)) {
+        Err(DistributedError::InvalidConfig(message)) => {
+            assert!(message.contains("Mpi::init"), "{message}")
+        }
+        other => panic!("expected InvalidConfig, got {:?}", other.map(|_| ())),
+    }
     assert!(matches!(
         DataParallel::<B>::new(vec![], config(1000)),
         Err(DistributedError::InvalidConfig(_))
     ));
+    assert!(matches!(
+        DataParallel::<B>::new(vec![Default::default()], config(0)),
+        Err(DistributedError::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        Peer::<Flex>::join(2, 2, Default::default(), &config(1000)),
+        Err(DistributedError::InvalidConfig(_))
+    ));
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The scenario an MPI job's processes run: this test binary under `mpirun`, one test, with
+/// this variable naming what to do.
+const MPI_SCENARIO: &str = "BURN_DATA_PARALLEL_MPI_SCENARIO";
+
+/// The layout of an MPI job: its processes and the peers in each.
+#[derive(Clone, Copy, Debug)]
+struct MpiLayout {
+    processes: usize,
+    local_peers: usize,
 }
 
-/// A free port whose successor is free too: a node's two data ports.
-fn free_port_pair() -> u16 {
-    loop {
-        let port = free_port();
-        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
-            return port;
-        }
-    }
+/// What each rank of a finished `mpirun` printed, by rank, and whether `mpirun` succeeded.
+struct MpiJob {
+    success: bool,
+    ranks: Vec<String>,
+    all: String,
 }
 
-/// The roles of the multi-node test's child processes, by environment variable.
-const ROLE: &str = "BURN_MEMORY_DISTRIBUTED_ROLE";
-
-/// An orchestrator and two node processes (one peer each) on 127.0.0.1 train K steps with
-/// `Peer` and end with the same weights, equal to one process on the whole batches; then a
-/// node killed mid-run makes the other fail with a timeout. Bounded in time; children killed.
-#[test]
-fn two_node_processes_agree_and_a_killed_node_is_a_timeout() {
-    if let Ok(role) = std::env::var(ROLE) {
-        return run_role(&role);
-    }
+/// Runs `test` of this binary in an MPI job of `processes` processes on this machine with
+/// `scenario`, bounded by `limit` (`mpirun` ends the job 5 s before, and is killed past it).
+/// `--enable-recovery` lets the job's other processes go on when one dies, as a killed rank's
+/// test needs.
+fn mpirun(test: &str, processes: usize, scenario: &str, limit: Duration) -> MpiJob {
     let exe = std::env::current_exe().unwrap();
-    let test = "distributed::two_node_processes_agree_and_a_killed_node_is_a_timeout";
-    let dir = tempfile::tempdir().unwrap();
-    let spawn = |role: String| {
-        std::process::Command::new(&exe)
-            .args([test, "--exact", "--test-threads=1", "--nocapture"])
-            .env(ROLE, role)
-            .env("OUT_DIR_FOR_TEST", dir.path())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    struct Kill(Vec<std::process::Child>);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            for child in &mut self.0 {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-    // One scenario: an orchestrator and two nodes, the nodes' standard output back; every
-    // child is killed and reaped when the scenario ends.
-    let run = |scenario: &str| -> Vec<String> {
-        let port = free_port();
-        let _orchestrator = Kill(vec![spawn(format!("orchestrator {port}"))]);
-        std::thread::sleep(Duration::from_millis(300));
-        let nodes: Vec<_> = (0..2)
-            .map(|rank| {
-                spawn(format!(
-                    "node {scenario} {port} {rank} {}",
-                    free_port_pair()
-                ))
-            })
-            .collect();
-        let start = Instant::now();
-        let outputs: Vec<_> = nodes
-            .into_iter()
-            .map(|node| wait_bounded(node, Duration::from_secs(60)))
-            .collect();
-        assert!(start.elapsed() < Duration::from_secs(60));
-        outputs
-            .iter()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .collect()
-    };
-    let line = |text: &str, key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key).map(str::to_string))
-            .unwrap_or_else(|| panic!("no `{key}` in:\n{text}"))
-    };
-    for scenario in ["agree", "killed"] {
-        // burn-collective 0.21.0's multi-node path sometimes drops a connection between two
-        // registrations (see `Peer`); the run then ends with a typed error on both nodes. Up
-        // to three attempts for the run that must complete, and for the killed run whose
-        // node 0 failed before it could report the error (its start, join and replica check,
-        // before the kill); a failure is printed.
-        let mut stdout = run(scenario);
-        for attempt in 2..=3 {
-            let failed = match scenario {
-                "agree" => stdout.iter().any(|out| out.contains("ERROR ")),
-                _ => !stdout[0].contains("ERROR "),
-            };
-            if !failed {
-                break;
-            }
-            eprintln!(
-                "attempt {} of the two-node run failed:\n{stdout:?}",
-                attempt - 1
-            );
-            stdout = run(scenario);
-        }
-        match scenario {
-            "agree" => {
-                let w0 = line(&stdout[0], "WEIGHTS ");
-                let w1 = line(&stdout[1], "WEIGHTS ");
-                assert_eq!(w0, w1, "both nodes hold the same weights");
-                let reference = line(&stdout[0], "REFERENCE ");
-                let parse = |s: &str| -> Vec<Vec<f32>> {
-                    vec![s.split(',').map(|v| v.parse().unwrap()).collect()]
-                };
-                let err = max_rel(&parse(&w0), &parse(&reference), 1e-2);
-                assert!(err <= 1e-4, "nodes against one process: {err}");
-            }
-            _ => {
-                // Node 0 waits out the timeout (5 s), hears at once that the dead node's data
-                // server is gone (burn-collective's error), or finds itself alone in the next
-                // operation; all are typed errors.
-                let error = line(&stdout[0], "ERROR ");
-                let (kind, rest) = error.split_once(" after ").unwrap();
-                assert!(
-                    ["Timeout", "Collective", "PeersMissing"].contains(&kind),
-                    "{error}"
-                );
-                let ms: u64 = rest.split_once(' ').unwrap().0.parse().unwrap();
-                assert!(ms <= 5000 + 2000, "bounded by the timeout: {error}");
-            }
-        }
+    let outputs = tempfile::tempdir().unwrap();
+    let child = std::process::Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "--enable-recovery"])
+        .args(["--timeout", &(limit.as_secs() - 5).to_string()])
+        .arg("--output-filename")
+        .arg(outputs.path())
+        .args(["-np", &processes.to_string()])
+        .args(["-x", MPI_SCENARIO])
+        .arg(exe)
+        .args([test, "--exact", "--test-threads=1", "--nocapture"])
+        .env(MPI_SCENARIO, scenario)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| {
+            panic!("`mpirun` (Open MPI's `openmpi-bin`) could not start: {error}")
+        });
+    let start = Instant::now();
+    let output = wait_bounded(child, limit);
+    let elapsed = start.elapsed();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let all = format!("{stdout}\n{stderr}");
+    assert!(elapsed < limit, "the MPI job ran past {limit:?}:\n{all}");
+    // `--output-filename` writes each rank's standard output to `DIR/1/rank.R/stdout`.
+    let ranks = (0..processes)
+        .map(|rank| {
+            let path = outputs.path().join(format!("1/rank.{rank}/stdout"));
+            std::fs::read_to_string(path).unwrap_or_default()
+        })
+        .collect();
+    MpiJob {
+        success: output.status.success(),
+        ranks,
+        all,
     }
 }
 
@@ -901,72 +839,142 @@ fn wait_bounded(mut child: std::process::Child, limit: Duration) -> std::process
     child.wait_with_output().unwrap()
 }
 
-/// A child process of the multi-node test.
-fn run_role(role: &str) {
-    let parts: Vec<&str> = role.split(' ').collect();
-    if parts[0] == "orchestrator" {
-        burn_data_parallel::run_orchestrator(parts[1].parse().unwrap()).unwrap();
+/// The line of `text` that starts with `key`, without it.
+fn line(text: &str, key: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key).map(str::to_string))
+        .unwrap_or_else(|| panic!("no `{key}` in:\n{text}"))
+}
+
+/// This process's scenario when it is one rank of an MPI job.
+fn mpi_scenario() -> Option<String> {
+    std::env::var(MPI_SCENARIO).ok()
+}
+
+/// burn-train's learner with `DataParallel` over the processes of MPI jobs, two and three
+/// processes of one peer and two processes of two peers (reduced in the process first, then
+/// across processes), ends with the same weights on every rank, equal to K Adam steps of one
+/// device over the same rows. Then f16-range mixed precision with an overflow in one rank's
+/// batch: every rank skips that step, as one device does.
+#[test]
+fn mpi_processes_train_as_one_device() {
+    const TEST: &str = "distributed::mpi_processes_train_as_one_device";
+    if let Some(scenario) = mpi_scenario() {
+        let mpi = Mpi::init().unwrap();
+        let parts: Vec<usize> = scenario.split(' ').skip(1).map(|v| v.parse().unwrap()).collect();
+        let layout = MpiLayout {
+            processes: mpi.size() as usize,
+            local_peers: parts[0],
+        };
+        let (amp, overflow) = match scenario.split(' ').next() {
+            Some("overflow") => (Some(Precision::F32), true),
+            _ => (None, false),
+        };
+        let trained =
+            learner_matches_one_device::<B>(Default::default(), amp, overflow, Some(layout));
+        let flat: Vec<String> = trained.concat().iter().map(|v| v.to_string()).collect();
+        println!("\nWEIGHTS {}", flat.join(","));
         return;
     }
-    let (scenario, port, rank, data_port) = (
-        parts[1],
-        parts[2].parse::<u16>().unwrap(),
-        parts[3].parse::<u32>().unwrap(),
-        parts[4].parse::<u16>().unwrap(),
-    );
-    let node = NodeConfig::new(2, rank, format!("127.0.0.1:{port}"), data_port);
-    let config = config(5000).with_node(Some(node));
-    let device = Default::default();
-    <Flex as Backend>::seed(&device, 7);
-    let mut model = Net::<B>::new(&device);
-    // Burn's parameters are initialised lazily, at first use: a copy made before that would
-    // draw weights of its own.
-    let _ = weights(&model);
-    let mut reference = model.clone();
-    let peer = Peer::<Flex>::join(0, 1, device, &config).unwrap();
-    peer.check_replicas(&model).unwrap();
-    let mut optim = AdamConfig::new().init();
-    let mut optim_reference = AdamConfig::new().init();
-    let data = rows(32);
-    for step in 0..4 {
-        if scenario == "killed" && rank == 1 && step == 2 {
-            std::process::exit(3);
+    let jobs = [
+        ("agree 1", 2),
+        ("agree 1", 3),
+        ("agree 2", 2),
+        ("overflow 1", 2),
+    ];
+    for (scenario, processes) in jobs {
+        let job = mpirun(TEST, processes, scenario, Duration::from_secs(120));
+        assert!(job.success, "`{scenario}` on {processes} processes:\n{}", job.all);
+        let weights: Vec<String> = job.ranks.iter().map(|out| line(out, "WEIGHTS ")).collect();
+        assert!(
+            weights.iter().all(|w| *w == weights[0]),
+            "`{scenario}` on {processes} processes: the ranks' weights differ"
+        );
+        for out in &job.ranks {
+            assert!(out.contains("1 passed"), "a rank did not pass:\n{}", job.all);
         }
-        let mine = step * 8 + rank as usize * 4;
-        let batch: Rows<B> = RowBatcher.batch(data[mine..mine + 4].to_vec(), &device);
-        let loss = MseLoss::new().forward(model.forward(batch.x), batch.y, Reduction::Mean);
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        let start = Instant::now();
-        let grads = match peer.mean_gradients(&model, grads, false) {
-            Ok((grads, _)) => grads,
-            Err(error) => {
-                let kind = format!("{error:?}");
-                let kind = kind.split([' ', '{', '(']).next().unwrap();
-                println!(
-                    "ERROR {kind} after {} ms: {error}",
-                    start.elapsed().as_millis()
-                );
-                return;
-            }
-        };
-        model = optim.step(1e-2, model, grads);
-        // One process on both nodes' rows.
-        let both: Rows<B> = RowBatcher.batch(data[step * 8..step * 8 + 8].to_vec(), &device);
-        let loss = MseLoss::new().forward(reference.forward(both.x), both.y, Reduction::Mean);
-        let grads = GradientsParams::from_grads(loss.backward(), &reference);
-        reference = optim_reference.step(1e-2, reference, grads);
     }
-    let flat = |m: &Net<B>| {
-        weights(m)
-            .concat()
-            .iter()
-            .map(|v| v.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    println!("WEIGHTS {}", flat(&model));
-    println!("REFERENCE {}", flat(&reference));
-    peer.leave().unwrap();
+}
+
+/// Ranks whose models differ (another seed on rank 1) are refused on every rank, naming the
+/// parameter that differs; a rank killed mid-run makes the others end with `ProcessesLost`
+/// naming it, within the timeout.
+#[test]
+fn mpi_replicas_that_differ_and_a_killed_rank_are_typed_errors() {
+    const TEST: &str = "distributed::mpi_replicas_that_differ_and_a_killed_rank_are_typed_errors";
+    const TIMEOUT_MS: u64 = 3000;
+    if let Some(scenario) = mpi_scenario() {
+        let mpi = Mpi::init().unwrap();
+        let rank = mpi.rank() as usize;
+        let device = Default::default();
+        let seed = match scenario.as_str() {
+            "differ" => 7 + rank as u64,
+            _ => 7,
+        };
+        <Flex as Backend>::seed(&device, seed);
+        let mut model = Net::<B>::new(&device);
+        let _ = weights(&model);
+        let peer = Peer::<Flex>::join(0, 1, device, &config(TIMEOUT_MS).with_mpi(true)).unwrap();
+        if scenario == "differ" {
+            match peer.check_replicas(&model) {
+                Err(DistributedError::ReplicasDiffer { parameters }) => {
+                    println!("\nDIFFER {}", parameters.join(","))
+                }
+                other => panic!("expected ReplicasDiffer, got {other:?}"),
+            }
+            return;
+        }
+        peer.check_replicas(&model).unwrap();
+        let mut optim = AdamConfig::new().init();
+        let data = rows(64);
+        let processes = mpi.size() as usize;
+        for step in 0..8 {
+            if rank == processes - 1 && step == 3 {
+                std::process::exit(3);
+            }
+            let mine = (step * processes + rank) * 4;
+            let batch: Rows<B> = RowBatcher.batch(data[mine..mine + 4].to_vec(), &device);
+            let loss = MseLoss::new().forward(model.forward(batch.x), batch.y, Reduction::Mean);
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let start = Instant::now();
+            match peer.mean_gradients(&model, grads, false) {
+                Ok((grads, _)) => model = optim.step(1e-2, model, grads),
+                Err(DistributedError::ProcessesLost { ranks, .. }) => {
+                    let ms = start.elapsed().as_millis();
+                    println!("\nLOST {ranks:?} AT {step} AFTER {ms}");
+                    return;
+                }
+                Err(other) => panic!("expected ProcessesLost, got {other:?}"),
+            }
+        }
+        panic!("rank {rank} trained on after a rank was killed");
+    }
+    let job = mpirun(TEST, 2, "differ", Duration::from_secs(60));
+    assert!(job.success, "{}", job.all);
+    let differ: Vec<String> = job.ranks.iter().map(|out| line(out, "DIFFER ")).collect();
+    assert_eq!(differ[0], differ[1], "every rank names the same parameters");
+    assert!(differ[0].split(',').any(|p| p == "fixed"), "{}", differ[0]);
+
+    let job = mpirun(TEST, 3, "killed", Duration::from_secs(60));
+    // (Under `--enable-recovery`, `mpirun` itself succeeds when a rank dies.)
+    assert!(
+        !job.ranks[2].contains("test result"),
+        "rank 2 exited mid-run:\n{}",
+        job.all
+    );
+    for out in &job.ranks[..2] {
+        let lost = line(out, "LOST ");
+        let (ranks, rest) = lost.split_once(" AT ").unwrap();
+        assert_eq!(ranks, "[2]", "{}", job.all);
+        let (step, ms) = rest.split_once(" AFTER ").unwrap();
+        assert_eq!(step, "3", "{}", job.all);
+        let ms: u64 = ms.parse().unwrap();
+        assert!(
+            (TIMEOUT_MS..=TIMEOUT_MS + 2000).contains(&ms),
+            "bounded by the timeout: {ms} ms"
+        );
+        assert!(out.contains("1 passed"), "{}", job.all);
+    }
 }
 
 /// A model whose parameters Burn has not initialised yet (its linear layers are lazy) trains:
@@ -982,7 +990,7 @@ fn a_lazily_initialised_model_trains() {
         4,
         2,
         &device,
-        60_000,
+        config(60_000),
         Net::<B>::new(&device),
     );
     let report = parallel.report().expect("the replicas agree");
