@@ -150,7 +150,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// A copy of `grads` (`mean_gradients` consumes its input).
 fn clone_grads(grads: &GradientsParams, net: &Net<B>) -> GradientsParams {
     let mut copy = GradientsParams::new();
-    let weight = grads.get::<Flex, 2>(net.layer.weight.id).expect("a gradient");
+    let weight = grads
+        .get::<Flex, 2>(net.layer.weight.id)
+        .expect("a gradient");
     copy.register(net.layer.weight.id, weight);
     copy
 }

@@ -384,7 +384,10 @@ impl<B: Backend> Peer<B> {
     }
 
     /// Registers with burn-collective's local server (of `B`, or of Flex when staged).
-    fn register(&self, collective: burn_collective::CollectiveConfig) -> Result<(), DistributedError> {
+    fn register(
+        &self,
+        collective: burn_collective::CollectiveConfig,
+    ) -> Result<(), DistributedError> {
         const OPERATION: &str = "register";
         let id = self.id;
         if self.staged {
@@ -515,3 +518,10 @@ pub(crate) fn reset_collectives<B: Backend>() {
     burn_collective::reset_collective::<B>();
     burn_collective::reset_collective::<Flex>();
 }
+
+// A peer may move to another thread (its group's buffers are owned, and MPI runs at threading
+// level `Serialized` or above): checked when the crate compiles.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<Peer<Flex>>();
+};

@@ -109,6 +109,11 @@ pub(crate) fn rank_and_size() -> Result<(u32, u32), DistributedError> {
     Ok((world.rank() as u32, world.size() as u32))
 }
 
+/// MPI's world communicator (a handle: not `Send`, so made where it is used).
+fn world() -> SimpleCommunicator {
+    SimpleCommunicator::world()
+}
+
 /// The tag of the arrival messages.
 const ARRIVAL: i32 = 0x6264;
 
@@ -119,7 +124,6 @@ static GROUPS: AtomicU64 = AtomicU64::new(0);
 /// The processes of the job as one peer of each sees them: the all-reduce across processes,
 /// with the bookkeeping that names missing ranks.
 pub(crate) struct ProcessGroup {
-    world: SimpleCommunicator,
     rank: usize,
     generation: u64,
     state: Mutex<State>,
@@ -154,7 +158,6 @@ impl ProcessGroup {
     pub(crate) fn new() -> Result<Self, DistributedError> {
         let (rank, size) = rank_and_size()?;
         Ok(Self {
-            world: SimpleCommunicator::world(),
             rank: rank as usize,
             generation: GROUPS.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new(State {
@@ -189,7 +192,7 @@ impl ProcessGroup {
         // SAFETY: both pointers come from live boxes that nothing else references until they
         // are taken back below, after the request completed.
         let mut request = unsafe {
-            self.world.immediate_all_reduce_into(
+            world().immediate_all_reduce_into(
                 StaticScope,
                 &*send,
                 &mut *receive,
@@ -241,8 +244,7 @@ impl ProcessGroup {
             }
             let buffer = Box::into_raw(vec![self.generation, operation].into_boxed_slice());
             // SAFETY: the buffer is owned through `buffer` until the send completes.
-            let request = self
-                .world
+            let request = world()
                 .process_at_rank(rank as i32)
                 .immediate_send_with_tag(StaticScope, unsafe { &*buffer }, ARRIVAL);
             state.sending.push(Sending {
@@ -254,8 +256,7 @@ impl ProcessGroup {
 
     /// Takes in the arrival messages that came, this group's only.
     fn receive_arrivals(&self, state: &mut State) {
-        while let Some((message, status)) = self
-            .world
+        while let Some((message, status)) = world()
             .any_process()
             .immediate_matched_probe_with_tag(ARRIVAL)
         {
@@ -269,6 +270,11 @@ impl ProcessGroup {
         }
     }
 }
+
+// SAFETY: `buffer` is owned by this value alone (MPI only reads it), so the value may move to
+// another thread; MPI is initialised at threading level `Serialized` or above, and a group's
+// calls are serialised by its mutex.
+unsafe impl Send for Sending {}
 
 impl Sending {
     /// Whether the send completed; its buffer is freed then.

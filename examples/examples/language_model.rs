@@ -21,6 +21,9 @@
 //! ```text
 //! cargo run --release -p examples --example language_model              # the study (~20 min)
 //! cargo run --release -p examples --example language_model -- --quick   # about a minute
+//! # as an MPI job of two processes, each step's batch shared by the ranks:
+//! cargo build --release -p examples --features mpi --example language_model
+//! mpirun -np 2 target/release/examples/language_model --quick --mpi
 //! ```
 //!
 //! Outputs under `--out` (default `target/language_model`): `results.md`, `results.csv`,
@@ -43,7 +46,8 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_memory::offload::{OffloadConfig, OffloadManager};
 use burn_memory::{
-    CountingAllocator, DeviceMemory, MemoryTracker, MixedPrecisionConfig, Precision, Segments,
+    CountingAllocator, DeviceMemory, DeviceTransfer, MemoryTracker, MixedPrecisionConfig,
+    Precision, Segments,
 };
 use burn_profiler::Profiled;
 use burn_sketch::SketchBackend;
@@ -54,6 +58,7 @@ use examples::lm::profile::{ProfiledTraining, train_profiled};
 use examples::lm::{
     Batch, Corpus, FORTUNES_DIR, Positions, TransformerLm, TransformerLmConfig, batch, max_rel_diff,
 };
+use examples::parallel::MpiShare;
 use examples::profile_args::ProfileArgs;
 use indicatif::{ProgressBar, ProgressStyle};
 use plotters::prelude::*;
@@ -106,6 +111,12 @@ struct Args {
     /// Training runs in parallel (one per core; the memory and speed measurements run alone).
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Data parallel across the processes of an MPI job (`mpirun -np N` on a build with
+    /// `--features mpi`): each step of every run takes the ranks' slices of its batch and
+    /// averages their gradients (the steps of one process on the whole batch), one run at a
+    /// time. Rank 0 writes `--out`, rank R `--out/rank<R>`.
+    #[arg(long, conflicts_with = "profile")]
+    mpi: bool,
     /// Steps of each arm's memory and speed measurement (alone, before the training runs).
     #[arg(long, value_name = "N", default_value_t = 6)]
     measure_steps: usize,
@@ -236,6 +247,16 @@ struct Report<'a> {
 
 fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
+    // Held until the study ends: dropping it finalises MPI.
+    let mpi = examples::parallel::init_mpi(args.mpi)?;
+    if let Some(mpi) = &mpi {
+        // The ranks' collective operations must come in the same order everywhere: one
+        // training run at a time.
+        args.threads = 1;
+        if mpi.rank() != 0 {
+            args.out = args.out.join(format!("rank{}", mpi.rank()));
+        }
+    }
     if args.quick {
         args.seeds.truncate(1);
         args.steps = args.steps.min(40);
@@ -305,7 +326,7 @@ where
 fn study<B>(args: &Args, corpus: &Corpus) -> anyhow::Result<()>
 where
     B: AutodiffBackend + SketchBackend + DeviceMemory + HalfCompute,
-    B::InnerBackend: SketchBackend + DeviceMemory,
+    B::InnerBackend: SketchBackend + DeviceMemory + DeviceTransfer,
     B::Half: AutodiffBackend + SketchBackend + DeviceMemory,
     <B::Half as AutodiffBackend>::InnerBackend: SketchBackend,
 {
@@ -436,7 +457,7 @@ fn run_jobs<B>(
 ) -> anyhow::Result<Vec<(TransformerLm<B>, Run)>>
 where
     B: AutodiffBackend + SketchBackend + DeviceMemory,
-    B::InnerBackend: SketchBackend,
+    B::InnerBackend: SketchBackend + DeviceTransfer,
 {
     let count = jobs.len();
     let queue = std::sync::Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
@@ -626,6 +647,9 @@ fn measure<B: AutodiffBackend>(model: &TransformerLm<B>, arm: &str, seed: u64) -
     }
 }
 
+/// How long a rank of an MPI job waits for the others in one step.
+const MPI_TIMEOUT: Duration = Duration::from_secs(600);
+
 #[allow(clippy::too_many_arguments)]
 fn train<B>(
     mut model: TransformerLm<B>,
@@ -639,17 +663,28 @@ fn train<B>(
 ) -> anyhow::Result<(TransformerLm<B>, Run)>
 where
     B: AutodiffBackend + SketchBackend,
-    B::InnerBackend: SketchBackend,
+    B::InnerBackend: SketchBackend + DeviceTransfer,
 {
     let device = B::Device::default();
     let mut run = measure(&model, arm, seed);
     let mut optim = AdamConfig::new().init::<B, TransformerLm<B>>();
     let mut positions = Positions::new(seed);
+    // Under `--mpi`, this rank's share of the job.
+    let share = args
+        .mpi
+        .then(|| MpiShare::<B::InnerBackend>::join(&model, &device, MPI_TIMEOUT))
+        .transpose()?;
     let started = Instant::now();
     for step in 0..steps {
-        let starts = positions.starts(args.batch, corpus.train.len(), args.context);
+        let mut starts = positions.starts(args.batch, corpus.train.len(), args.context);
+        if let Some(share) = &share {
+            starts = share.shard(&starts)?;
+        }
         let data = batch::<B>(&corpus.train, &starts, args.context, &device);
-        let grads = GradientsParams::from_grads(model.forward_loss(&data).backward(), &model);
+        let mut grads = GradientsParams::from_grads(model.forward_loss(&data).backward(), &model);
+        if let Some(share) = &share {
+            grads = share.mean_gradients(&model, grads)?;
+        }
         model = optim.step(args.lr, model, grads);
         bar.inc(1);
         if (step + 1) % args.eval_every == 0 && step + 1 < steps {

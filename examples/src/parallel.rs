@@ -5,17 +5,17 @@
 
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "mpi")]
+pub use burn_data_parallel::Mpi;
 #[cfg(feature = "data-parallel")]
 pub use burn_data_parallel::{
     DataParallel, DataParallelConfig, DataParallelReport, DistributedError,
 };
-#[cfg(feature = "mpi")]
-pub use burn_data_parallel::Mpi;
 
-#[cfg(not(feature = "data-parallel"))]
-pub use absent::{DataParallel, DataParallelReport, DistributedError};
 #[cfg(not(feature = "mpi"))]
 pub use absent::Mpi;
+#[cfg(not(feature = "data-parallel"))]
+pub use absent::{DataParallel, DataParallelReport, DistributedError};
 
 pub use crate::backend::NotCompiled;
 
@@ -148,5 +148,101 @@ mod absent {
         }
 
         impl std::error::Error for DistributedError {}
+    }
+}
+
+/// A training loop of one's own as one rank of an MPI job (the language-model study's
+/// `--mpi`): each rank takes its contiguous slice of every batch, and the gradients are
+/// averaged over the job, so that the job takes the steps of one process on the whole batch.
+#[cfg(feature = "mpi")]
+pub struct MpiShare<B: burn::tensor::backend::Backend> {
+    peer: burn_data_parallel::Peer<B>,
+}
+
+#[cfg(feature = "mpi")]
+impl<B: burn_memory::DeviceTransfer> MpiShare<B> {
+    /// Joins the job (MPI initialised by [`init_mpi`]) with `model`, whose replicas on every
+    /// rank must be equal (checked).
+    ///
+    /// # Errors
+    /// burn-data-parallel's: replicas that differ, a rank lost or late past `timeout`.
+    pub fn join<BA, M>(
+        model: &M,
+        device: &B::Device,
+        timeout: std::time::Duration,
+    ) -> Result<Self, DistributedError>
+    where
+        BA: burn::tensor::backend::AutodiffBackend<InnerBackend = B>,
+        M: burn::module::Module<BA>,
+    {
+        let config = DataParallelConfig::new()
+            .with_mpi(true)
+            .with_timeout(timeout);
+        let peer = burn_data_parallel::Peer::join(0, 1, device.clone(), &config)?;
+        peer.check_replicas(model)?;
+        Ok(Self { peer })
+    }
+
+    /// This rank's contiguous slice of `batch`.
+    ///
+    /// # Errors
+    /// [`DistributedError::InvalidConfig`] when the ranks cannot share it equally.
+    pub fn shard<T: Clone>(&self, batch: &[T]) -> Result<Vec<T>, DistributedError> {
+        let ranks = self.peer.world_size();
+        if batch.len() % ranks != 0 {
+            return Err(DistributedError::InvalidConfig(format!(
+                "a batch of {} cannot be shared by {ranks} ranks",
+                batch.len()
+            )));
+        }
+        let len = batch.len() / ranks;
+        let start = self.peer.rank() as usize * len;
+        Ok(batch[start..start + len].to_vec())
+    }
+
+    /// The mean over the job of every rank's `grads` of `model`.
+    ///
+    /// # Errors
+    /// burn-data-parallel's: a rank lost or late past the timeout.
+    pub fn mean_gradients<BA, M>(
+        &self,
+        model: &M,
+        grads: burn::optim::GradientsParams,
+    ) -> Result<burn::optim::GradientsParams, DistributedError>
+    where
+        BA: burn::tensor::backend::AutodiffBackend<InnerBackend = B>,
+        M: burn::module::Module<BA>,
+    {
+        Ok(self.peer.mean_gradients(model, grads, false)?.0)
+    }
+}
+
+/// Without MPI in this build: no share exists, and joining is [`MPI_NOT_COMPILED`].
+#[cfg(not(feature = "mpi"))]
+pub struct MpiShare<B>(std::convert::Infallible, std::marker::PhantomData<B>);
+
+#[cfg(not(feature = "mpi"))]
+impl<B: burn::tensor::backend::Backend> MpiShare<B> {
+    /// Always [`MPI_NOT_COMPILED`].
+    pub fn join<BA, M>(
+        _model: &M,
+        _device: &B::Device,
+        _timeout: std::time::Duration,
+    ) -> Result<Self, NotCompiled> {
+        Err(MPI_NOT_COMPILED)
+    }
+
+    /// Unreachable: no share exists.
+    pub fn shard<T: Clone>(&self, _batch: &[T]) -> Result<Vec<T>, NotCompiled> {
+        match self.0 {}
+    }
+
+    /// Unreachable: no share exists.
+    pub fn mean_gradients<BA, M>(
+        &self,
+        _model: &M,
+        _grads: burn::optim::GradientsParams,
+    ) -> Result<burn::optim::GradientsParams, NotCompiled> {
+        match self.0 {}
     }
 }

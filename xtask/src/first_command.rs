@@ -14,9 +14,9 @@ use anyhow::{Context, Result, bail};
 pub const BUDGET: usize = 300;
 
 /// Packages of the GPU stack (wgpu, its shader compiler and Vulkan bindings, CubeCL's wgpu
-/// runtime) and of the WebSocket stack (burn-collective's orchestrator): none belongs in a
-/// CPU build.
-pub const FORBIDDEN: [&str; 10] = [
+/// runtime), of data parallel (burn-collective, and the MPI binding, which needs a system MPI
+/// to build) and of a network server: none belongs in a CPU build of one process.
+pub const FORBIDDEN: [&str; 11] = [
     "wgpu",
     "wgpu-core",
     "naga",
@@ -24,6 +24,7 @@ pub const FORBIDDEN: [&str; 10] = [
     "cubecl-wgpu",
     "burn-wgpu",
     "burn-collective",
+    "mpi-sys",
     "tungstenite",
     "axum",
     "hyper",

@@ -510,14 +510,24 @@ fn learner_steps_on_two_wgpu_peers_match_one_device() {
     let _device = crate::wgpu::exclusive();
     // One data-parallel run per process, whatever the backend.
     let _lock = exclusive();
-    learner_matches_one_device::<Autodiff<burn::backend::Wgpu>>(Default::default(), None, false, None);
+    learner_matches_one_device::<Autodiff<burn::backend::Wgpu>>(
+        Default::default(),
+        None,
+        false,
+        None,
+    );
 }
 
 /// The same on NdArray, the other CPU backend that reduces in place.
 #[test]
 fn learner_steps_on_two_ndarray_peers_match_one_device() {
     let _lock = exclusive();
-    learner_matches_one_device::<Autodiff<burn::backend::NdArray>>(Default::default(), None, false, None);
+    learner_matches_one_device::<Autodiff<burn::backend::NdArray>>(
+        Default::default(),
+        None,
+        false,
+        None,
+    );
 }
 
 /// One epoch of burn-train's learner with `DataParallel` on `peers` threads of `device`, over
@@ -724,8 +734,15 @@ fn a_peer_that_panics_ends_the_run_with_its_error() {
             let mut data = rows(32);
             data[21].0[0] = f32::NAN; // peer 1's third batch
             let start = Instant::now();
-            let (_, parallel) =
-                fit_on_peers(Picky, data, 4, 2, &device, config(2000), Net::<B>::new(&device));
+            let (_, parallel) = fit_on_peers(
+                Picky,
+                data,
+                4,
+                2,
+                &device,
+                config(2000),
+                Net::<B>::new(&device),
+            );
             assert!(
                 start.elapsed() < Duration::from_secs(20),
                 "bounded: {:?}",
@@ -791,7 +808,11 @@ fn mpirun(test: &str, processes: usize, scenario: &str, limit: Duration) -> MpiJ
     let exe = std::env::current_exe().unwrap();
     let outputs = tempfile::tempdir().unwrap();
     let child = std::process::Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "--enable-recovery"])
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--enable-recovery",
+        ])
         .args(["--timeout", &(limit.as_secs() - 5).to_string()])
         .arg("--output-filename")
         .arg(outputs.path())
@@ -861,7 +882,11 @@ fn mpi_processes_train_as_one_device() {
     const TEST: &str = "distributed::mpi_processes_train_as_one_device";
     if let Some(scenario) = mpi_scenario() {
         let mpi = Mpi::init().unwrap();
-        let parts: Vec<usize> = scenario.split(' ').skip(1).map(|v| v.parse().unwrap()).collect();
+        let parts: Vec<usize> = scenario
+            .split(' ')
+            .skip(1)
+            .map(|v| v.parse().unwrap())
+            .collect();
         let layout = MpiLayout {
             processes: mpi.size() as usize,
             local_peers: parts[0],
@@ -884,14 +909,22 @@ fn mpi_processes_train_as_one_device() {
     ];
     for (scenario, processes) in jobs {
         let job = mpirun(TEST, processes, scenario, Duration::from_secs(120));
-        assert!(job.success, "`{scenario}` on {processes} processes:\n{}", job.all);
+        assert!(
+            job.success,
+            "`{scenario}` on {processes} processes:\n{}",
+            job.all
+        );
         let weights: Vec<String> = job.ranks.iter().map(|out| line(out, "WEIGHTS ")).collect();
         assert!(
             weights.iter().all(|w| *w == weights[0]),
             "`{scenario}` on {processes} processes: the ranks' weights differ"
         );
         for out in &job.ranks {
-            assert!(out.contains("1 passed"), "a rank did not pass:\n{}", job.all);
+            assert!(
+                out.contains("1 passed"),
+                "a rank did not pass:\n{}",
+                job.all
+            );
         }
     }
 }
