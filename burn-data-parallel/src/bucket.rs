@@ -107,15 +107,14 @@ impl GradientLayout {
             .into_vec()
             .expect("the bucket's flags are f32");
         let mut grads = GradientsParams::new();
-        let scale = 1.0 / peers as f32;
+        // One division for the whole bucket, then a slice per gradient: one new buffer per
+        // step rather than one per parameter.
+        let mean = summed.slice(0..self.len).div_scalar(peers as f32);
         for (slot, &present) in self.slots.iter().zip(&flags) {
             if present == 0.0 {
                 continue;
             }
-            let flat = summed
-                .clone()
-                .slice(slot.offset..slot.offset + slot.len)
-                .mul_scalar(scale);
+            let flat = mean.clone().slice(slot.offset..slot.offset + slot.len);
             register::<B>(&mut grads, slot, flat);
         }
         (grads, flags[self.slots.len()..].to_vec())

@@ -47,7 +47,9 @@ pub enum DistributedError {
     /// An all-reduce across the processes of an MPI job did not complete within the timeout,
     /// and these MPI ranks never reached it: they died, hang, or spend longer than the timeout
     /// between two operations. (Launch with `mpirun --enable-recovery` for the others to see
-    /// this error: by default Open MPI ends the whole job when one process dies.)
+    /// this error: by default Open MPI ends the whole job when one process dies.) MPI must
+    /// not be finalised afterwards (it would wait for the lost process): `Mpi` skips it; a
+    /// program that initialised MPI itself should exit without finalising.
     #[error(
         "peer {peer}: `{operation}` did not complete within {timeout:?}: MPI rank(s) {} never reached it (dead or hung)",
         ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")

@@ -363,8 +363,10 @@ where
         training = training.with_training_strategy(parallel.strategy());
     }
     // burn-train's dashboard on a terminal; elsewhere one line per epoch instead of its
-    // fallback's debug structure per iteration.
-    if !std::io::stdout().is_terminal() {
+    // fallback's debug structure per iteration. An MPI rank's output is a pseudo-terminal of
+    // `mpirun`, which multiplexes every rank's: no dashboard there (it cannot open the
+    // terminal, and would panic).
+    if !std::io::stdout().is_terminal() || config.mpi {
         training = training.renderer(EpochLines::stdout());
     }
     tracing::info!(
