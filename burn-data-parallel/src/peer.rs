@@ -501,8 +501,10 @@ impl LocalOperation for Sum {
 }
 
 /// One peer's tensor handed to every peer of the process.
+#[cfg(feature = "mpi")]
 struct Broadcast;
 
+#[cfg(feature = "mpi")]
 impl LocalOperation for Broadcast {
     fn run<C: Backend>(
         id: PeerId,

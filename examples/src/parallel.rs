@@ -228,7 +228,11 @@ impl<B: burn::tensor::backend::Backend> MpiShare<B> {
         _model: &M,
         _device: &B::Device,
         _timeout: std::time::Duration,
-    ) -> Result<Self, NotCompiled> {
+    ) -> Result<Self, NotCompiled>
+    where
+        BA: burn::tensor::backend::AutodiffBackend<InnerBackend = B>,
+        M: burn::module::Module<BA>,
+    {
         Err(MPI_NOT_COMPILED)
     }
 
@@ -242,7 +246,11 @@ impl<B: burn::tensor::backend::Backend> MpiShare<B> {
         &self,
         _model: &M,
         _grads: burn::optim::GradientsParams,
-    ) -> Result<burn::optim::GradientsParams, NotCompiled> {
+    ) -> Result<burn::optim::GradientsParams, NotCompiled>
+    where
+        BA: burn::tensor::backend::AutodiffBackend<InnerBackend = B>,
+        M: burn::module::Module<BA>,
+    {
         match self.0 {}
     }
 }
