@@ -35,12 +35,15 @@ use crate::DistributedError;
 ///
 /// ```no_run
 /// # fn main() -> Result<(), burn_data_parallel::DistributedError> {
-/// use burn_data_parallel::{DataParallelConfig, Mpi};
+/// use burn::backend::{Autodiff, Flex};
+/// use burn_data_parallel::{DataParallel, DataParallelConfig, Mpi};
 ///
-/// // Launched as `mpirun -np 4 ./train`: each process is one rank.
-/// let mpi = Mpi::init()?;
+/// // Launched as `mpirun -np 4 ./train`: each process is one rank, with one peer here.
+/// let mpi = Mpi::init()?; // finalises MPI when dropped: keep it until training ends
 /// let config = DataParallelConfig::new().with_mpi(true);
-/// println!("rank {} of {}", mpi.rank(), mpi.size());
+/// let parallel = DataParallel::<Autodiff<Flex>>::new(vec![Default::default()], config)?;
+/// assert_eq!(parallel.world_size(), mpi.size() as usize);
+/// // ... `training.with_training_strategy(parallel.strategy()).launch(learner)`
 /// # Ok(()) }
 /// ```
 pub struct Mpi {
@@ -134,8 +137,10 @@ fn world() -> SimpleCommunicator {
     SimpleCommunicator::world()
 }
 
-/// The tag of the arrival messages.
-const ARRIVAL: i32 = 0x6264;
+/// The first tag of the arrival messages: each group has its own (`ARRIVAL + generation %
+/// ARRIVAL`), so that a message of another group, earlier or later, waits for that group.
+/// MPI guarantees tags up to 32767.
+const ARRIVAL: i32 = 1 << 14;
 
 /// Whether an all-reduce of this process gave up on a lost process: MPI must not be finalised
 /// then.
@@ -150,6 +155,8 @@ static GROUPS: AtomicU64 = AtomicU64::new(0);
 pub(crate) struct ProcessGroup {
     rank: usize,
     generation: u64,
+    /// The tag of this group's arrival messages.
+    tag: i32,
     state: Mutex<State>,
 }
 
@@ -183,9 +190,11 @@ impl ProcessGroup {
     /// the meeting point.
     pub(crate) fn new() -> Result<Self, DistributedError> {
         let (rank, size) = rank_and_size()?;
+        let generation = GROUPS.fetch_add(1, Ordering::Relaxed);
         Ok(Self {
             rank: rank as usize,
-            generation: GROUPS.fetch_add(1, Ordering::Relaxed),
+            generation,
+            tag: ARRIVAL + (generation % ARRIVAL as u64) as i32,
             state: Mutex::new(State {
                 operations: 0,
                 arrived: vec![0; size as usize],
@@ -236,7 +245,7 @@ impl ProcessGroup {
                 Ok(_) => break,
                 Err(pending) => request = pending,
             }
-            self.receive_arrivals(&mut state);
+            self.receive_arrivals(&mut state.arrived);
             if start.elapsed() > timeout {
                 // MPI keeps the request and may still use the buffers: all three are leaked.
                 std::mem::forget(request);
@@ -259,7 +268,7 @@ impl ProcessGroup {
         }
         state.spare = ManuallyDrop::into_inner(send);
         let summed = ManuallyDrop::into_inner(receive);
-        self.receive_arrivals(&mut state);
+        self.receive_arrivals(&mut state.arrived);
         state.sending.retain_mut(|sending| !sending.try_complete());
         Ok(summed)
     }
@@ -274,7 +283,7 @@ impl ProcessGroup {
             // SAFETY: the buffer is owned through `buffer` until the send completes.
             let request = world()
                 .process_at_rank(rank as i32)
-                .immediate_send_with_tag(StaticScope, unsafe { &*buffer }, ARRIVAL);
+                .immediate_send_with_tag(StaticScope, unsafe { &*buffer }, self.tag);
             state.sending.push(Sending {
                 request: Some(request),
                 buffer,
@@ -282,18 +291,18 @@ impl ProcessGroup {
         }
     }
 
-    /// Takes in the arrival messages that came, this group's only.
-    fn receive_arrivals(&self, state: &mut State) {
+    /// Takes in this group's arrival messages that came.
+    fn receive_arrivals(&self, arrived: &mut [u64]) {
         while let Some((message, status)) = world()
             .any_process()
-            .immediate_matched_probe_with_tag(ARRIVAL)
+            .immediate_matched_probe_with_tag(self.tag)
         {
             let mut content = [0_u64; 2];
             message.matched_receive_into(&mut content[..]);
             let [generation, operation] = content;
             if generation == self.generation {
                 let rank = status.source_rank() as usize;
-                state.arrived[rank] = state.arrived[rank].max(operation);
+                arrived[rank] = arrived[rank].max(operation);
             }
         }
     }
@@ -326,6 +335,11 @@ impl Sending {
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        // The messages that came after the last operation: a later group reusing the tag must
+        // not read them.
+        let mut arrived = std::mem::take(&mut state.arrived);
+        self.receive_arrivals(&mut arrived);
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         for mut sending in std::mem::take(&mut state.sending) {
             if !sending.try_complete() {

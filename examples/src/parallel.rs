@@ -189,7 +189,7 @@ impl<B: burn_memory::DeviceTransfer> MpiShare<B> {
     /// [`DistributedError::InvalidConfig`] when the ranks cannot share it equally.
     pub fn shard<T: Clone>(&self, batch: &[T]) -> Result<Vec<T>, DistributedError> {
         let ranks = self.peer.world_size();
-        if batch.len() % ranks != 0 {
+        if !batch.len().is_multiple_of(ranks) {
             return Err(DistributedError::InvalidConfig(format!(
                 "a batch of {} cannot be shared by {ranks} ranks",
                 batch.len()
