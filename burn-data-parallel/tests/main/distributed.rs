@@ -393,63 +393,101 @@ impl<B: Backend> Normed<B> {
 fn batch_norm_peers_average_their_shards_gradients() {
     let _lock = exclusive();
     let device = Default::default();
-    let fresh = || Normed::<B> {
-        hidden: LinearConfig::new(6, 8).init(&device),
-        norm: burn::nn::BatchNormConfig::new(8).init(&device),
-        out: LinearConfig::new(8, 1).init(&device),
-    };
-    let model = fresh();
-    let _ = weights(&model);
-    // A copy with running statistics of its own (a clone would share them).
-    let copy = || fresh().load_record(model.clone().into_record());
-    let data = rows(16);
-    let shard = |rank: usize| -> Rows<B> {
-        RowBatcher.batch(data[rank * 8..(rank + 1) * 8].to_vec(), &device)
-    };
-    let values = |grads: &GradientsParams| -> Vec<Vec<f32>> {
+    let case = BatchNormCase::new(&device);
+    let peers_model = case.copy();
+    let results = on_peers(2, |rank| {
+        let replica = replica(&peers_model, &device);
+        let peer = Peer::<Flex>::join(rank, 2, device, &config(20_000)).unwrap();
+        let mean = case.peer_mean(&peer, &replica, rank);
+        peer.leave().unwrap();
+        mean
+    });
+    for (rank, got) in results.iter().enumerate() {
+        let err = norm_rel(got, &case.expected);
+        assert!(err <= 1e-5, "peer {rank}: relative error {err}");
+    }
+}
+
+/// The BatchNorm case of two shards of 8 rows: the model, and the mean of one device's
+/// gradients over each shard (not the whole batch's, which the case checks differ).
+struct BatchNormCase {
+    model: Normed<B>,
+    data: Vec<Row>,
+    expected: Vec<Vec<f32>>,
+}
+
+impl BatchNormCase {
+    fn new(device: &burn::tensor::Device<B>) -> Self {
+        let model = Self::fresh(device);
+        let _ = weights(&model);
+        let data = rows(16);
+        let mut case = Self {
+            model,
+            data,
+            expected: Vec::new(),
+        };
+        let of = |batch: Rows<B>| {
+            let model = case.copy();
+            case.values(&GradientsParams::from_grads(
+                model.loss(batch).backward(),
+                &model,
+            ))
+        };
+        let (first, second) = (of(case.shard(0)), of(case.shard(1)));
+        let whole = of(RowBatcher.batch(case.data.clone(), device));
+        let expected: Vec<Vec<f32>> = first
+            .iter()
+            .zip(&second)
+            .map(|(a, b)| a.iter().zip(b).map(|(a, b)| (a + b) / 2.0).collect())
+            .collect();
+        assert!(
+            norm_rel(&expected, &whole) > 1e-3,
+            "the whole batch's statistics give other gradients"
+        );
+        case.expected = expected;
+        case
+    }
+
+    fn fresh(device: &burn::tensor::Device<B>) -> Normed<B> {
+        Normed::<B> {
+            hidden: LinearConfig::new(6, 8).init(device),
+            norm: burn::nn::BatchNormConfig::new(8).init(device),
+            out: LinearConfig::new(8, 1).init(device),
+        }
+    }
+
+    /// A copy with running statistics of its own (a clone would share them).
+    fn copy(&self) -> Normed<B> {
+        Self::fresh(&Default::default()).load_record(self.model.clone().into_record())
+    }
+
+    fn shard(&self, rank: usize) -> Rows<B> {
+        RowBatcher.batch(
+            self.data[rank * 8..(rank + 1) * 8].to_vec(),
+            &Default::default(),
+        )
+    }
+
+    fn values(&self, grads: &GradientsParams) -> Vec<Vec<f32>> {
         let two = |id| grads.get::<Flex, 2>(id).expect("a gradient").into_data();
         let one = |id| grads.get::<Flex, 1>(id).expect("a gradient").into_data();
         [
-            two(model.hidden.weight.id),
-            one(model.norm.gamma.id),
-            one(model.norm.beta.id),
-            two(model.out.weight.id),
+            two(self.model.hidden.weight.id),
+            one(self.model.norm.gamma.id),
+            one(self.model.norm.beta.id),
+            two(self.model.out.weight.id),
         ]
         .into_iter()
         .map(|data| data.convert::<f32>().into_vec().unwrap())
         .collect()
-    };
-    let of = |model: Normed<B>, batch: Rows<B>| {
-        values(&GradientsParams::from_grads(
-            model.loss(batch).backward(),
-            &model,
-        ))
-    };
-    let (first, second) = (of(copy(), shard(0)), of(copy(), shard(1)));
-    let expected: Vec<Vec<f32>> = first
-        .iter()
-        .zip(&second)
-        .map(|(a, b)| a.iter().zip(b).map(|(a, b)| (a + b) / 2.0).collect())
-        .collect();
-    let whole = of(copy(), RowBatcher.batch(data.clone(), &device));
-    assert!(
-        norm_rel(&expected, &whole) > 1e-3,
-        "the whole batch's statistics give other gradients"
-    );
+    }
 
-    let peers_model = copy();
-    let results = on_peers(2, |rank| {
-        let replica = replica(&peers_model, &device);
-        let peer = Peer::<Flex>::join(rank, 2, device, &config(20_000)).unwrap();
-        peer.check_replicas(&replica).unwrap();
-        let grads = GradientsParams::from_grads(replica.loss(shard(rank)).backward(), &replica);
-        let (mean, _) = peer.mean_gradients(&replica, grads, false).unwrap();
-        peer.leave().unwrap();
-        values(&mean)
-    });
-    for (rank, got) in results.iter().enumerate() {
-        let err = norm_rel(got, &expected);
-        assert!(err <= 1e-5, "peer {rank}: relative error {err}");
+    /// Peer `rank`'s mean gradients of `replica` on its shard.
+    fn peer_mean(&self, peer: &Peer<Flex>, replica: &Normed<B>, rank: usize) -> Vec<Vec<f32>> {
+        peer.check_replicas(replica).unwrap();
+        let grads = GradientsParams::from_grads(replica.loss(self.shard(rank)).backward(), replica);
+        let (mean, _) = peer.mean_gradients(replica, grads, false).unwrap();
+        self.values(&mean)
     }
 }
 
@@ -1006,6 +1044,32 @@ fn mpi_replicas_that_differ_and_a_killed_rank_are_typed_errors() {
             (TIMEOUT_MS..=TIMEOUT_MS + 2000).contains(&ms),
             "bounded by the timeout: {ms} ms"
         );
+        assert!(out.contains("1 passed"), "{}", job.all);
+    }
+}
+
+/// The BatchNorm case as two MPI processes: each rank normalises its own shard, and both end
+/// with the mean of one device's gradients over each shard.
+#[test]
+fn mpi_batch_norm_ranks_average_their_shards_gradients() {
+    const TEST: &str = "distributed::mpi_batch_norm_ranks_average_their_shards_gradients";
+    if mpi_scenario().is_some() {
+        let mpi = Mpi::init().unwrap();
+        let device = Default::default();
+        // Every process draws the same model.
+        <Flex as Backend>::seed(&device, 7);
+        let case = BatchNormCase::new(&device);
+        let peer = Peer::<Flex>::join(0, 1, device, &config(20_000).with_mpi(true)).unwrap();
+        let got = case.peer_mean(&peer, &case.copy(), mpi.rank() as usize);
+        let err = norm_rel(&got, &case.expected);
+        assert!(err <= 1e-5, "rank {}: relative error {err}", mpi.rank());
+        println!("\nERROR {err:e}");
+        return;
+    }
+    let job = mpirun(TEST, 2, "batch-norm", Duration::from_secs(60));
+    assert!(job.success, "{}", job.all);
+    for out in &job.ranks {
+        line(out, "ERROR ");
         assert!(out.contains("1 passed"), "{}", job.all);
     }
 }
