@@ -99,13 +99,11 @@ impl GradientLayout {
         extra: usize,
     ) -> (GradientsParams, Vec<f32>) {
         let flags_start = self.len;
-        let flags: Vec<f32> = summed
-            .clone()
-            .slice(flags_start..flags_start + self.slots.len() + extra)
-            .into_data()
-            .convert::<f32>()
-            .into_vec()
-            .expect("the bucket's flags are f32");
+        let flags = into_f32(
+            summed
+                .clone()
+                .slice(flags_start..flags_start + self.slots.len() + extra),
+        );
         let mut grads = GradientsParams::new();
         // One division for the whole bucket, then a slice per gradient: one new buffer per
         // step rather than one per parameter.
@@ -119,6 +117,15 @@ impl GradientLayout {
         }
         (grads, flags[self.slots.len()..].to_vec())
     }
+}
+
+/// A tensor's values as f32 on the host.
+pub(crate) fn into_f32<B: Backend>(tensor: Tensor<B, 1>) -> Vec<f32> {
+    tensor
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("converted to f32")
 }
 
 /// Removes `slot`'s gradient from `grads`, flattened to f32.

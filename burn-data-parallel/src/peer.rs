@@ -15,7 +15,7 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use burn_collective::{CollectiveError, PeerId, ReduceOperation};
 use burn_memory::DeviceTransfer;
 
-use crate::bucket::{Checksums, GradientLayout};
+use crate::bucket::{self, Checksums, GradientLayout};
 use crate::config::local_collective;
 #[cfg(feature = "mpi")]
 use crate::processes::ProcessGroup;
@@ -92,8 +92,6 @@ pub struct Peer<B: Backend> {
     /// handle for tensor"), and CubeCL 0.10 moves a tensor between two wgpu devices only on
     /// CUDA.
     staged: bool,
-    /// Whether the run spans several processes.
-    across_processes: bool,
     /// The processes of an MPI job, on the process's first peer (the others get the sum from
     /// it).
     #[cfg(feature = "mpi")]
@@ -136,7 +134,6 @@ impl<B: DeviceTransfer> Peer<B> {
                 operation: "register",
                 message: format!("cannot start the peer's thread: {error}"),
             })?;
-        let across_processes = processes.size > 1;
         let peer = Self {
             id,
             local,
@@ -147,9 +144,8 @@ impl<B: DeviceTransfer> Peer<B> {
             jobs,
             spent: AtomicBool::new(false),
             staged: !B::HOST_MEMORY,
-            across_processes,
             #[cfg(feature = "mpi")]
-            group: if across_processes && local == 0 {
+            group: if processes.size > 1 && local == 0 {
                 Some(ProcessGroup::new()?)
             } else {
                 None
@@ -282,7 +278,7 @@ impl<B: Backend> Peer<B> {
         // This peer's 1 in the count of peers.
         values.push(1.0);
         let tensor = Tensor::<B, 1>::from_floats(values.as_slice(), &self.device);
-        let mut summed = into_f32(self.all_reduce(operation, tensor)?);
+        let mut summed = bucket::into_f32(self.all_reduce(operation, tensor)?);
         let count = summed.pop().expect("the count of peers");
         self.check_count(operation, count)?;
         Ok(summed)
@@ -299,7 +295,8 @@ impl<B: Backend> Peer<B> {
             1 => tensor,
             _ => self.local::<Sum>(operation, Some(tensor))?,
         };
-        if !self.across_processes {
+        // Peers beyond this process's: the run spans several processes.
+        if self.world == self.local_peers {
             return Ok(sum);
         }
         self.across_processes(operation, sum)
@@ -318,7 +315,7 @@ impl<B: Backend> Peer<B> {
                 if self.spent.load(Ordering::Relaxed) {
                     return Err(self.timeout_error(operation));
                 }
-                let values = into_f32(sum);
+                let values = bucket::into_f32(sum);
                 let len = values.len();
                 let summed = group.all_reduce_sum(values, self.timeout).map_err(|lost| {
                     self.spent.store(true, Ordering::Relaxed);
@@ -467,15 +464,6 @@ impl<B: Backend> Peer<B> {
             }
         }
     }
-}
-
-/// A tensor's values as f32 on the host.
-fn into_f32<B: Backend>(tensor: Tensor<B, 1>) -> Vec<f32> {
-    tensor
-        .into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .expect("converted to f32")
 }
 
 /// A collective operation of burn-collective's local server, for any backend.

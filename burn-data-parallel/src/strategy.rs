@@ -145,6 +145,7 @@ impl<B: AutodiffBackend> DataParallel<B> {
         TrainingStrategy::Custom(Arc::new(Strategy::<LC> {
             devices: self.devices.clone(),
             config: self.config.clone(),
+            processes: self.processes,
             outcome: self.outcome.clone(),
         }))
     }
@@ -168,6 +169,8 @@ impl<B: AutodiffBackend> DataParallel<B> {
 struct Strategy<LC: LearningComponentsTypes> {
     devices: Vec<burn::tensor::Device<LC::Backend>>,
     config: DataParallelConfig,
+    /// The processes `DataParallel::new` found when it validated `config`.
+    processes: Processes,
     outcome: Arc<Mutex<Option<Result<DataParallelReport, DistributedError>>>>,
 }
 
@@ -229,13 +232,7 @@ where
         crate::peer::reset_collectives::<Inner<LC>>();
 
         let local_peers = self.devices.len();
-        let processes = match self.config.validate(local_peers) {
-            Ok(processes) => processes,
-            Err(error) => {
-                fail(error);
-                return (learner.model(), components.event_processor);
-            }
-        };
+        let processes = self.processes;
         let world = processes.world_size(local_peers);
         let shard_len = dataloader_train.num_items() / world;
         let is_main_node = processes.rank == 0;
