@@ -94,6 +94,41 @@ pub enum SketchError {
         what: String,
     },
 
+    /// A matrix given to a [`linalg`](crate::linalg) or [`sketch`](crate::sketch) operation
+    /// has a shape it cannot take (empty, wide where tall is needed, or not matching the
+    /// operator).
+    #[error("{operation}: shape {shape:?} {reason}")]
+    InvalidShape {
+        /// The operation that was called.
+        operation: &'static str,
+        /// The shape given.
+        shape: Vec<usize>,
+        /// What the operation needs.
+        reason: String,
+    },
+
+    /// A matrix holds a NaN or an infinity, which no factorisation of it can survive.
+    #[error("{operation}: the input holds NaN or infinite values")]
+    NonFinite {
+        /// The operation that was called.
+        operation: &'static str,
+    },
+
+    /// A factorisation that needs full column rank met a matrix without it.
+    #[error(
+        "{operation}: the {columns} columns are numerically rank-deficient (rank {rank} found); \
+         `linalg::qr_pivoted` and `linalg::Cqrrpt` find the rank instead"
+    )]
+    RankDeficient {
+        /// The operation that was called.
+        operation: &'static str,
+        /// The number of columns.
+        columns: usize,
+        /// The numerical rank found, where the operation found one (else the columns that were
+        /// factored before the breakdown).
+        rank: usize,
+    },
+
     /// A path or type pattern of a [`Selection`](crate::nn::Selection) picks no layer of the
     /// model (a typo would otherwise leave the model unchanged).
     #[error("`{pattern}` picks no layer; the model's layers are: {}", layers.join(", "))]

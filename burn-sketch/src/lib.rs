@@ -39,9 +39,11 @@ mod activation;
 pub mod backend;
 pub mod cpu;
 mod error;
+pub mod linalg;
 mod linear;
 pub mod nn;
 pub mod panther;
+pub mod sketch;
 
 pub use backend::{Activation, KernelStrategy, SketchBackend, SketchWeights};
 pub use error::SketchError;

@@ -11,6 +11,7 @@ mod cuda;
 mod finite_differences;
 mod flex;
 mod half_flex;
+mod linalg;
 mod ndarray;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;

@@ -1,0 +1,54 @@
+//! Moving the small matrices of a factorisation between the device and the host, where faer
+//! factors them in `f64`.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use faer::linalg::triangular_solve::solve_upper_triangular_in_place;
+use faer::{Mat, MatRef, Par};
+
+use crate::SketchError;
+
+/// The tensor's values in `f64`, or [`SketchError::NonFinite`] if one is NaN or infinite.
+pub(crate) fn to_host<B: Backend>(
+    tensor: Tensor<B, 2>,
+    operation: &'static str,
+) -> Result<Mat<f64>, SketchError> {
+    let [rows, cols] = tensor.dims();
+    let values: Vec<f64> = tensor.into_data().iter::<f64>().collect();
+    if values.iter().any(|x| !x.is_finite()) {
+        return Err(SketchError::NonFinite { operation });
+    }
+    Ok(Mat::from_fn(rows, cols, |i, j| values[i * cols + j]))
+}
+
+/// The matrix as an `f32` tensor on `device`.
+pub(crate) fn to_device<B: Backend>(matrix: MatRef<'_, f64>, device: &B::Device) -> Tensor<B, 2> {
+    let (rows, cols) = (matrix.nrows(), matrix.ncols());
+    let mut values = Vec::with_capacity(rows * cols);
+    for i in 0..rows {
+        values.extend((0..cols).map(|j| matrix[(i, j)] as f32));
+    }
+    Tensor::from_data(TensorData::new(values, [rows, cols]), device)
+}
+
+/// `R⁻¹` of an upper-triangular `R` with a nonzero diagonal.
+pub(crate) fn upper_inverse(r: MatRef<'_, f64>) -> Mat<f64> {
+    let mut inverse = Mat::<f64>::identity(r.nrows(), r.ncols());
+    solve_upper_triangular_in_place(r, inverse.as_mut(), Par::Seq);
+    inverse
+}
+
+/// Refuses an empty matrix.
+pub(crate) fn check_not_empty(
+    operation: &'static str,
+    shape: [usize; 2],
+) -> Result<(), SketchError> {
+    if shape.contains(&0) {
+        return Err(SketchError::InvalidShape {
+            operation,
+            shape: shape.to_vec(),
+            reason: "is empty".into(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! The Walsh–Hadamard transform of a matrix's rows, in `O(n·log n)` per column as a few
+//! small products.
+//!
+//! The Sylvester matrix of size `n = r₁·r₂·…·r_s` (powers of two) is the Kronecker product
+//! `H_{r₁} ⊗ … ⊗ H_{r_s}`, so the transform is one product by a `r × r` matrix per factor, each
+//! on the outermost index followed by a rotation of the indices. With `r ≤ 16` that is
+//! `2·n·m·r` flops per stage, a quarter of the stages of the radix-2 butterfly, and each stage a
+//! GEMM the backend already runs well (no kernel of our own).
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+
+/// The largest factor: more bits per stage means fewer passes over the data but more flops.
+const RADIX_BITS: u32 = 4;
+
+/// The transform of size `size` (a power of two), unnormalised (entries `±1`).
+#[derive(Clone, Debug)]
+pub(crate) struct Hadamard<B: Backend> {
+    size: usize,
+    /// `H_r` of each stage, outermost factor first.
+    stages: Vec<Tensor<B, 2>>,
+}
+
+impl<B: Backend> Hadamard<B> {
+    pub(crate) fn new(size: usize, device: &B::Device) -> Self {
+        debug_assert!(size.is_power_of_two());
+        let bits = size.trailing_zeros();
+        let count = bits.div_ceil(RADIX_BITS);
+        // Bits spread evenly over the stages (13 bits: 5, 4, 4).
+        let stages = (0..count)
+            .map(|stage| {
+                let r = 1usize << (bits / count + u32::from(stage < bits % count));
+                sylvester::<B>(r, device)
+            })
+            .collect();
+        Self { size, stages }
+    }
+
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// `H·x`.
+    ///
+    /// # Shapes
+    /// - x: `[size, m]`
+    /// - output: `[size, m]`
+    pub(crate) fn transform_rows(&self, mut x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let [n, m] = x.dims();
+        for h in &self.stages {
+            let r = h.dims()[0];
+            let y = h.clone().matmul(x.reshape([r, n / r * m]));
+            x = y.reshape([r, n / r, m]).swap_dims(0, 1).reshape([n, m]);
+        }
+        x
+    }
+}
+
+/// `H_r[i][j] = (−1)^popcount(i & j)`.
+fn sylvester<B: Backend>(r: usize, device: &B::Device) -> Tensor<B, 2> {
+    let entries: Vec<f32> = (0..r * r)
+        .map(|e| {
+            if ((e / r) & (e % r)).count_ones() % 2 == 0 {
+                1.0
+            } else {
+                -1.0
+            }
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(entries, [r, r]), device)
+}
