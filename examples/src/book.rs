@@ -20,6 +20,7 @@ pages! {
     Transformers => "sketching/transformers.md",
     Backends => "sketching/backends.md",
     CpuPrecision => "sketching/cpu-precision.md",
+    LinearAlgebra => "sketching/linear-algebra.md",
     MemoryOverview => "memory/overview.md",
     Measure => "memory/measure.md",
     FindThePeak => "memory/find-the-peak.md",

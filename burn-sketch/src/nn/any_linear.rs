@@ -246,10 +246,11 @@ impl<B: Backend> AnyLinear<B> {
     }
 
     /// This layer converted as `kind` says: a dense layer becomes the [`SkLinear`] that
-    /// estimates it ([`SkLinear::try_from_linear`]); a dense or sketched layer becomes its
-    /// [`Int8Linear`] for [`LinearKind::Int8`]; a layer already of that kind is returned as
-    /// it is. Other conversions (to low-rank, which needs an SVD, between sketch sizes, or
-    /// out of `int8`) are [`SketchError::Unsupported`].
+    /// estimates it ([`SkLinear::try_from_linear`]) or its best low-rank approximation by the
+    /// randomized SVD ([`LowRankLinear::try_from_linear`]); a dense or sketched layer becomes
+    /// its [`Int8Linear`] for [`LinearKind::Int8`]; a layer already of that kind is returned as
+    /// it is. Other conversions (between sketch sizes or ranks, or out of `int8`) are
+    /// [`SketchError::Unsupported`].
     pub fn try_convert(self, kind: LinearKind) -> Result<Self, SketchError> {
         if self.kind() == kind {
             return Ok(self);
@@ -266,6 +267,9 @@ impl<B: Backend> AnyLinear<B> {
                 layer: LinearLayer::Sketched(SkLinear::try_from_linear(
                     &dense, num_terms, low_rank,
                 )?),
+            }),
+            (LinearLayer::Dense(dense), LinearKind::LowRank { rank }) => Ok(Self {
+                layer: LinearLayer::LowRank(LowRankLinear::try_from_linear(&dense, rank)?),
             }),
             (LinearLayer::Dense(dense), LinearKind::Int8) => Ok(Self {
                 layer: LinearLayer::Int8(Int8Linear::from_linear(&dense)),

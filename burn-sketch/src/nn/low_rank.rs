@@ -3,11 +3,12 @@
 
 use burn::config::Config;
 use burn::module::{Content, DisplaySettings, Module, ModuleDisplay, Param};
-use burn::nn::Initializer;
+use burn::nn::{Initializer, Linear};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 use crate::SketchError;
+use crate::linalg::RandomizedSvdConfig;
 
 /// Configuration of a [`LowRankLinear`] layer.
 ///
@@ -137,6 +138,29 @@ impl<B: Backend> LowRankLinear<B> {
     /// The rank `r`.
     pub fn rank(&self) -> usize {
         self.a.dims()[1]
+    }
+
+    /// The rank-`rank` layer closest to a trained dense one: `W ≈ U·Σ·Vᵀ` by the randomized
+    /// SVD ([`RandomizedSvdConfig`], its default oversampling and power iterations), then
+    /// `A = U·√Σ`, `B = √Σ·Vᵀ` (the factors balanced, so that neither starts far larger than
+    /// the other), and the bias copied. By Eckart–Young, no layer of that rank has a weight
+    /// closer to `W` in Frobenius norm than the truncated SVD's, which the randomized one
+    /// approaches.
+    ///
+    /// # Errors
+    /// As [`RandomizedSvdConfig::decompose`]: `rank` outside `1..=min(d_input, d_output)`,
+    /// non-finite weights.
+    pub fn try_from_linear(linear: &Linear<B>, rank: usize) -> Result<Self, SketchError> {
+        let svd = RandomizedSvdConfig::new(rank).decompose(linear.weight.val())?;
+        let root = svd.s.sqrt().unsqueeze_dim::<2>(0);
+        Ok(Self {
+            a: Param::from_tensor(svd.u * root.clone()),
+            b: Param::from_tensor((svd.v * root).transpose()),
+            bias: linear
+                .bias
+                .as_ref()
+                .map(|bias| Param::from_tensor(bias.val())),
+        })
     }
 
     /// Trained weights: both factors and the bias.
