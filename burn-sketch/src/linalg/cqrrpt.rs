@@ -99,7 +99,7 @@ impl CqrrptConfig {
                 ),
             });
         }
-        if !(self.tolerance >= 0.0) {
+        if self.tolerance.is_nan() || self.tolerance < 0.0 {
             return Err(SketchError::Unsupported {
                 what: format!("CQRRPT with tolerance = {} (at least 0)", self.tolerance),
             });

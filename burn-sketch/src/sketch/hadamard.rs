@@ -70,7 +70,7 @@ impl<B: Backend> Hadamard<B> {
 fn sylvester<B: Backend>(r: usize, device: &B::Device) -> Tensor<B, 2> {
     let entries: Vec<f32> = (0..r * r)
         .map(|e| {
-            if ((e / r) & (e % r)).count_ones() % 2 == 0 {
+            if ((e / r) & (e % r)).count_ones().is_multiple_of(2) {
                 1.0
             } else {
                 -1.0
