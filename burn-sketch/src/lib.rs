@@ -47,7 +47,7 @@ pub mod sketch;
 
 pub use backend::{Activation, KernelStrategy, SketchBackend, SketchWeights};
 pub use error::SketchError;
-pub use linear::{ParamCounts, SkLinear, SkLinearConfig};
+pub use linear::{ParamCounts, SkLinear, SkLinearConfig, SketchInit};
 
 /// The workspace README's examples, compiled and run as doctests so that they stay true.
 #[doc = include_str!("../../README.md")]

@@ -52,3 +52,20 @@ pub(crate) fn check_not_empty(
     }
     Ok(())
 }
+
+/// The Moore–Penrose pseudo-inverse, from the SVD, singular values below `max(m, n)·ε_f32` of
+/// the largest treated as zero (the inputs come from `f32` tensors).
+pub(crate) fn pseudo_inverse(a: MatRef<'_, f64>) -> Result<Mat<f64>, SketchError> {
+    let svd = a.thin_svd().map_err(|_| SketchError::NonFinite {
+        operation: "pseudo-inverse",
+    })?;
+    let s = svd.S().column_vector();
+    let cutoff = s[0].abs() * a.nrows().max(a.ncols()) as f64 * f64::from(f32::EPSILON);
+    let (u, v) = (svd.U(), svd.V());
+    Ok(Mat::from_fn(a.ncols(), a.nrows(), |i, j| {
+        (0..s.nrows())
+            .filter(|&t| s[t] > cutoff)
+            .map(|t| v[(i, t)] * u[(j, t)] / s[t])
+            .sum()
+    }))
+}

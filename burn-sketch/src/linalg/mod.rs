@@ -12,7 +12,7 @@
 //! costs two small copies per step.
 
 mod cqrrpt;
-mod host;
+pub(crate) mod host;
 mod qr;
 mod svd;
 

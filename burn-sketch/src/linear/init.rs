@@ -4,9 +4,28 @@
 use burn::module::Param;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
+use serde::{Deserialize, Serialize};
 
 use super::{SkLinear, SkLinearConfig};
+use crate::SketchError;
 use crate::backend::KernelStrategy;
+use crate::linalg::host::{pseudo_inverse, to_device, to_host};
+
+/// How a sketched layer converted from a dense one sets its trained factors, given the fixed
+/// sketches it drew.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SketchInit {
+    /// Panther's: `S1_t = W·U1_tᵀ`, `S2_t = U2_tᵀ·W`, whose effective weight equals `W` in
+    /// expectation over the sketches, but for one draw is far from it when `2·T·k` is well
+    /// below the layer's width.
+    #[default]
+    Unbiased,
+    /// The least-squares fit: the factors whose effective weight is the closest to `W`
+    /// (Frobenius norm) that the drawn sketches allow. With `U1` and `U2` the stacked sketches,
+    /// `P` the projector onto `U1`'s rows and `Q` onto `U2`'s columns, the fit is
+    /// `W − (I − Q)·W·(I − P)`, which no other choice of factors beats.
+    Fitted,
+}
 
 /// Draws the dense layer that a freshly initialised [`SkLinear`] estimates: weight
 /// `[d_input, d_output]` and bias `[d_output]`, both uniform in `±1/√d_output`.
@@ -83,6 +102,40 @@ impl<B: Backend> SkLinear<B> {
             bias: bias.map(Param::from_tensor),
             strategy: KernelStrategy::default(),
         }
+    }
+}
+
+impl<B: Backend> SkLinear<B> {
+    /// Replaces the trained factors by the least-squares fit of `weight` for this layer's
+    /// sketches ([`SketchInit::Fitted`]).
+    ///
+    /// With `M = 2T·W`, `U1 = [U1_1; …; U1_T]` (`[T·k, d_out]`) and
+    /// `U2 = [U2_1 … U2_T]` (`[d_in, T·k]`): `S1 = M·U1⁺` gives `M·P`, and `S2 = U2⁺·(M − M·P)`
+    /// gives `Q·M·(I − P)`. The pseudo-inverses are of `T·k`-sized matrices, on the host.
+    pub(crate) fn fitted_to(self, weight: Tensor<B, 2>) -> Result<Self, SketchError> {
+        const OPERATION: &str = "SketchInit::Fitted";
+        let device = weight.device();
+        let [d_input, d_output] = weight.dims();
+        let [t, k, _] = self.u1s.dims();
+        let u1 = self.u1s.val().reshape([t * k, d_output]);
+        let u2 = self.u2s.val().swap_dims(0, 1).reshape([d_input, t * k]);
+        let u1_inverse = to_device(
+            pseudo_inverse(to_host(u1.clone(), OPERATION)?.as_ref())?.as_ref(),
+            &device,
+        );
+        let u2_inverse = to_device(
+            pseudo_inverse(to_host(u2, OPERATION)?.as_ref())?.as_ref(),
+            &device,
+        );
+        let m = weight.mul_scalar(2.0 * t as f64);
+        let s1 = m.clone().matmul(u1_inverse); // [d_in, T·k]
+        let rest = m - s1.clone().matmul(u1);
+        let s2 = u2_inverse.matmul(rest); // [T·k, d_out]
+        Ok(Self {
+            s1s: Param::from_tensor(s1.reshape([d_input, t, k]).swap_dims(0, 1)),
+            s2s: Param::from_tensor(s2.reshape([t, k, d_output])),
+            ..self
+        })
     }
 }
 

@@ -7,4 +7,5 @@ mod module;
 pub use config::SkLinearConfig;
 pub use module::{ParamCounts, SkLinear};
 
+pub use init::SketchInit;
 pub(crate) use init::fixed;

@@ -5,7 +5,7 @@ use burn::nn::Linear;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use super::SkLinearConfig;
+use super::{SkLinearConfig, SketchInit};
 use crate::SketchError;
 use crate::backend::{Activation, KernelStrategy, SketchBackend, SketchWeights};
 
@@ -77,6 +77,32 @@ impl<B: Backend> SkLinear<B> {
         num_terms: usize,
         low_rank: usize,
     ) -> Result<Self, SketchError> {
+        Self::try_from_linear_with(linear, num_terms, low_rank, SketchInit::Unbiased)
+    }
+
+    /// [`try_from_linear`](Self::try_from_linear), with the trained factors set as `init`
+    /// says: Panther's unbiased estimate, or the least-squares fit to the dense weight for the
+    /// sketches drawn ([`SketchInit::Fitted`]), which starts closer to the dense layer.
+    ///
+    /// ```
+    /// use burn::backend::Flex;
+    /// use burn::nn::LinearConfig;
+    /// use burn_sketch::{SkLinear, SketchInit};
+    ///
+    /// let dense = LinearConfig::new(128, 64).init::<Flex>(&Default::default());
+    /// let error = |init| {
+    ///     let sketched = SkLinear::try_from_linear_with(&dense, 1, 8, init).unwrap();
+    ///     let gap = sketched.to_dense_weight() - dense.weight.val();
+    ///     gap.powi_scalar(2).sum().into_scalar()
+    /// };
+    /// assert!(error(SketchInit::Fitted) < error(SketchInit::Unbiased));
+    /// ```
+    pub fn try_from_linear_with(
+        linear: &Linear<B>,
+        num_terms: usize,
+        low_rank: usize,
+        init: SketchInit,
+    ) -> Result<Self, SketchError> {
         // Detached, so that on an autodiff backend the new parameters are fresh leaves of
         // their own rather than results of the dense layer's graph (which cannot become
         // trainable parameters, and would tie the two layers' gradients).
@@ -89,7 +115,11 @@ impl<B: Backend> SkLinear<B> {
             .bias
             .as_ref()
             .map(|b| b.val().detach().set_require_grad(false));
-        Ok(Self::from_dense_parts(weight, bias, num_terms, low_rank))
+        let unbiased = Self::from_dense_parts(weight.clone(), bias, num_terms, low_rank);
+        match init {
+            SketchInit::Unbiased => Ok(unbiased),
+            SketchInit::Fitted => unbiased.fitted_to(weight),
+        }
     }
 
     /// The expected relative error `‖Ŵ − W‖_F / ‖W‖_F` of the weight that

@@ -13,7 +13,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::{Deserialize, Serialize};
 
 use super::{Int8Linear, LowRankLinear, LowRankLinearConfig};
-use crate::{Activation, SkLinear, SkLinearConfig, SketchBackend, SketchError};
+use crate::{Activation, SkLinear, SkLinearConfig, SketchBackend, SketchError, SketchInit};
 
 /// Which layer an [`AnyLinearConfig`] builds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -252,6 +252,12 @@ impl<B: Backend> AnyLinear<B> {
     /// it is. Other conversions (between sketch sizes or ranks, or out of `int8`) are
     /// [`SketchError::Unsupported`].
     pub fn try_convert(self, kind: LinearKind) -> Result<Self, SketchError> {
+        self.try_convert_with(kind, SketchInit::Unbiased)
+    }
+
+    /// [`try_convert`](Self::try_convert), a dense layer sketched with `init`
+    /// ([`SkLinear::try_from_linear_with`]).
+    pub fn try_convert_with(self, kind: LinearKind, init: SketchInit) -> Result<Self, SketchError> {
         if self.kind() == kind {
             return Ok(self);
         }
@@ -264,8 +270,8 @@ impl<B: Backend> AnyLinear<B> {
                     low_rank,
                 },
             ) => Ok(Self {
-                layer: LinearLayer::Sketched(SkLinear::try_from_linear(
-                    &dense, num_terms, low_rank,
+                layer: LinearLayer::Sketched(SkLinear::try_from_linear_with(
+                    &dense, num_terms, low_rank, init,
                 )?),
             }),
             (LinearLayer::Dense(dense), LinearKind::LowRank { rank }) => Ok(Self {

@@ -18,7 +18,7 @@ use burn::tensor::{Bool, DType, Int, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::{AnyLinear, LinearKind};
-use crate::SketchError;
+use crate::{SketchError, SketchInit};
 
 /// The container type Burn's derive gives [`LinearLayer`](super::LinearLayer): meeting it marks
 /// an [`AnyLinear`] during a visit.
@@ -202,6 +202,8 @@ impl fmt::Display for ConversionReport {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Converter {
     rules: Vec<(Selection, LinearKind)>,
+    #[serde(default)]
+    sketch_init: SketchInit,
 }
 
 impl Converter {
@@ -213,6 +215,13 @@ impl Converter {
     /// Adds a rule: the layers `selection` picks become `kind`.
     pub fn rule(mut self, selection: Selection, kind: LinearKind) -> Self {
         self.rules.push((selection, kind));
+        self
+    }
+
+    /// How dense layers that become sketched set their trained factors (Panther's unbiased
+    /// estimate by default; [`SketchInit::Fitted`] starts closer to the dense layer).
+    pub fn sketch_init(mut self, init: SketchInit) -> Self {
+        self.sketch_init = init;
         self
     }
 
@@ -262,6 +271,7 @@ impl Converter {
         let previous = ACTIVE.with(|active| {
             active.replace(Some(Active {
                 rules: self.rules.clone(),
+                sketch_init: self.sketch_init,
                 stack: Vec::new(),
                 report: ConversionReport::default(),
                 error: None,
@@ -284,6 +294,7 @@ impl Converter {
 
 struct Active {
     rules: Vec<(Selection, LinearKind)>,
+    sketch_init: SketchInit,
     stack: Vec<(String, String)>,
     report: ConversionReport,
     error: Option<SketchError>,
@@ -318,9 +329,9 @@ pub(super) fn convert_in_place<B: Backend>(layer: AnyLinear<B>) -> AnyLinear<B> 
             .rules
             .iter()
             .find(|(selection, _)| selection.matches(&path, &types).contains(&true))
-            .map(|&(_, kind)| (path, kind))
+            .map(|&(_, kind)| (path, kind, active.sketch_init))
     });
-    let Some((path, kind)) = decision else {
+    let Some((path, kind, init)) = decision else {
         return layer;
     };
     let from = layer.kind();
@@ -329,7 +340,7 @@ pub(super) fn convert_in_place<B: Backend>(layer: AnyLinear<B>) -> AnyLinear<B> 
     }
     let before = layer.num_trainable();
     let bytes_before = stored_bytes::<B, _>(&layer);
-    let (keep, outcome) = match layer.clone().try_convert(kind) {
+    let (keep, outcome) = match layer.clone().try_convert_with(kind, init) {
         Ok(converted) => (converted, Ok(())),
         Err(error) => (layer, Err(error)),
     };

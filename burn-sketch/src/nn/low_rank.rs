@@ -151,7 +151,9 @@ impl<B: Backend> LowRankLinear<B> {
     /// As [`RandomizedSvdConfig::decompose`]: `rank` outside `1..=min(d_input, d_output)`,
     /// non-finite weights.
     pub fn try_from_linear(linear: &Linear<B>, rank: usize) -> Result<Self, SketchError> {
-        let svd = RandomizedSvdConfig::new(rank).decompose(linear.weight.val())?;
+        // Detached, as in `SkLinear::try_from_linear`: the factors are fresh leaves.
+        let weight = linear.weight.val().detach().set_require_grad(false);
+        let svd = RandomizedSvdConfig::new(rank).decompose(weight)?;
         let root = svd.s.sqrt().unsqueeze_dim::<2>(0);
         Ok(Self {
             a: Param::from_tensor(svd.u * root.clone()),

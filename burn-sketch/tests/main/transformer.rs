@@ -724,3 +724,71 @@ fn dropout_is_on_in_training_only() {
         inner.forward(x, None).into_data()
     );
 }
+
+/// `SketchInit::Fitted` gives the least-squares fit for the sketches drawn: a residual
+/// `R = W − Ŵ` orthogonal to both sketch spaces (`R·U1ᵀ = 0`, `U2ᵀ·R = 0`: the optimality conditions), a smaller weight error
+/// than the unbiased estimate, and an exact fit once `T·k` covers the output width. Odd sizes,
+/// several terms; then through `Converter` on the MLPs of a model.
+#[test]
+fn fitted_sketched_conversion_is_the_least_squares_fit() {
+    use burn::nn::LinearConfig;
+    use burn_sketch::SketchInit;
+
+    let _serial = serial();
+    let device = Default::default();
+    let norm = |t: Tensor<F, 2>| -> f64 { t.powi_scalar(2).sum().sqrt().into_scalar().into() };
+    for (d_in, d_out, terms, k) in [(37, 23, 1, 4), (64, 96, 2, 5), (30, 20, 3, 8)] {
+        let dense = LinearConfig::new(d_in, d_out).init::<F>(&device);
+        let weight = dense.weight.val();
+        let fitted = SkLinear::try_from_linear_with(&dense, terms, k, SketchInit::Fitted).unwrap();
+        let scale = norm(weight.clone());
+        let residual = weight.clone() - fitted.to_dense_weight();
+        let u1 = fitted.u1s.val().reshape([terms * k, d_out]);
+        let u2 = fitted.u2s.val().swap_dims(0, 1).reshape([d_in, terms * k]);
+        let row_side = norm(residual.clone().matmul(u1.clone().transpose()));
+        let column_side = norm(u2.clone().transpose().matmul(residual.clone()));
+        assert!(
+            row_side < 1e-4 * scale && column_side < 1e-4 * scale,
+            "{d_in}×{d_out}: {row_side} {column_side}"
+        );
+        // Panther's estimate from the same sketches: (W·U1ᵀ·U1 + U2·U2ᵀ·W) / 2T.
+        let estimate = (weight.clone().matmul(u1.clone().transpose()).matmul(u1)
+            + u2.clone().matmul(u2.transpose()).matmul(weight.clone()))
+        .div_scalar(2.0 * terms as f64);
+        let (fit_error, unbiased_error) = (norm(residual), norm(weight - estimate));
+        if terms * k >= d_out {
+            assert!(
+                fit_error < 1e-4 * scale,
+                "{d_in}×{d_out}, T·k = {}: {fit_error}",
+                terms * k
+            );
+        }
+        assert!(fit_error < unbiased_error, "{fit_error} ≥ {unbiased_error}");
+    }
+
+    let sketched = LinearKind::Sketched {
+        num_terms: 1,
+        low_rank: 4,
+    };
+    let weight_error = |init: SketchInit| {
+        F::seed(&device, 3);
+        let dense = model::<F>(&device);
+        draw_params(&dense);
+        let before = dense.blocks[0].mlp.fc1.to_dense_weight();
+        let (converted, _) = Converter::new()
+            .sketch_init(init)
+            .rule(Selection::types(["Mlp"]), sketched)
+            .apply(dense)
+            .unwrap();
+        assert_eq!(converted.blocks[0].mlp.fc1.kind(), sketched);
+        norm(converted.blocks[0].mlp.fc1.to_dense_weight() - before)
+    };
+    let (fitted, unbiased) = (
+        weight_error(SketchInit::Fitted),
+        weight_error(SketchInit::Unbiased),
+    );
+    assert!(
+        fitted < unbiased,
+        "Converter: fitted {fitted} against unbiased {unbiased}"
+    );
+}
