@@ -726,9 +726,10 @@ fn dropout_is_on_in_training_only() {
 }
 
 /// `SketchInit::Fitted` gives the least-squares fit for the sketches drawn: a residual
-/// `R = W − Ŵ` orthogonal to both sketch spaces (`R·U1ᵀ = 0`, `U2ᵀ·R = 0`: the optimality conditions), a smaller weight error
-/// than the unbiased estimate, and an exact fit once `T·k` covers the output width. Odd sizes,
-/// several terms; then through `Converter` on the MLPs of a model.
+/// `R = W − Ŵ` orthogonal to both sketch spaces (`R·U1ᵀ = 0`, `U2ᵀ·R = 0`: the optimality
+/// conditions), a smaller weight error than Panther's unbiased estimate from the same
+/// sketches, and an exact fit once `T·k` covers the output width. Odd sizes, several terms;
+/// then through `Converter` on the MLPs of a model.
 #[test]
 fn fitted_sketched_conversion_is_the_least_squares_fit() {
     use burn::nn::LinearConfig;
