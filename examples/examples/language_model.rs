@@ -12,7 +12,10 @@
 //!   sketched arm of the same number (`r = T·k`);
 //! - `performer-m64`: dense layers, Performer attention (FAVOR+, 64 random features);
 //! - `converted-k16`: the trained dense model sketched (`Converter`, k = 16), evaluated as it
-//!   is, and `converted-k16-ft` after `--finetune-steps` more steps.
+//!   is, and `converted-k16-ft` after `--finetune-steps` more steps; `converted-k16-fitted`
+//!   the same with the sketched factors fitted to the dense weights by least squares
+//!   (`SketchInit::Fitted`), and `converted-r16` the dense layers made rank 16 by the
+//!   randomized SVD (the same trainable size), each with its `-ft`.
 //!
 //! Then, on the dense arm: segment checkpointing with dropout on (gradients against a plain
 //! backward with the same dropout masks, peak and time), bf16 mixed precision, and offloaded
@@ -50,8 +53,8 @@ use burn_memory::{
     Precision, Segments,
 };
 use burn_profiler::Profiled;
-use burn_sketch::SketchBackend;
 use burn_sketch::nn::{AttentionKind, Converter, FeatureMap, LinearKind, Selection};
+use burn_sketch::{SketchBackend, SketchInit};
 use clap::Parser;
 use examples::backend::{BackendKind, HalfCompute};
 use examples::lm::profile::{ProfiledTraining, train_profiled};
@@ -349,7 +352,12 @@ where
     }
 
     let total_steps = args.seeds.len()
-        * (arms.len() * args.steps + if converted { args.finetune_steps } else { 0 });
+        * (arms.len() * args.steps
+            + if converted {
+                3 * args.finetune_steps
+            } else {
+                0
+            });
     let bar = ProgressBar::new(total_steps as u64).with_style(
         ProgressStyle::with_template("{elapsed_precise} {bar:30} {pos}/{len} steps {msg}")
             .expect("a valid template"),
@@ -380,34 +388,34 @@ where
         runs.push(run);
     }
     if converted {
-        let kind = LinearKind::Sketched {
+        let sketched = LinearKind::Sketched {
             num_terms: 1,
             low_rank: 16,
         };
         let mut jobs = Vec::new();
-        for (seed, dense) in &dense_models {
-            B::seed(&device, *seed);
-            let (model, report) = Converter::new()
-                .rule(Selection::types(["AnyMultiHeadAttention", "Mlp"]), kind)
-                .apply(dense.clone())?;
-            tracing::info!("converted:\n{report}");
-            let start = valid_bpc(&model.valid(), &valid);
-            let mut as_is = measure(&model, "converted-k16", *seed);
-            as_is.valid_bpc = start;
-            as_is.curve = vec![(0, start)];
-            runs.push(as_is);
-            let profile = arms
-                .iter()
-                .position(|a| a.name == "sketched-k16")
-                .unwrap_or(0);
-            jobs.push(Job {
-                name: "converted-k16-ft".into(),
-                profile,
-                seed: *seed,
-                steps: args.finetune_steps,
-                start: Some(start),
-                model,
-            });
+        for (name, kind, init, like) in conversions(sketched) {
+            for (seed, dense) in &dense_models {
+                B::seed(&device, *seed);
+                let (model, report) = Converter::new()
+                    .sketch_init(init)
+                    .rule(Selection::types(["AnyMultiHeadAttention", "Mlp"]), kind)
+                    .apply(dense.clone())?;
+                tracing::info!("{name}:\n{report}");
+                let start = valid_bpc(&model.valid(), &valid);
+                let mut as_is = measure(&model, name, *seed);
+                as_is.valid_bpc = start;
+                as_is.curve = vec![(0, start)];
+                runs.push(as_is);
+                let profile = arms.iter().position(|a| a.name == like).unwrap_or(0);
+                jobs.push(Job {
+                    name: format!("{name}-ft"),
+                    profile,
+                    seed: *seed,
+                    steps: args.finetune_steps,
+                    start: Some(start),
+                    model,
+                });
+            }
         }
         for (_, run) in run_jobs(jobs, &profiles, corpus, args, &bar)? {
             runs.push(run);
@@ -424,6 +432,32 @@ where
         extras.extend(offloaded_inference(&dense.valid(), corpus, args)?);
     }
     write_outputs(args, &runs, &extras)
+}
+
+/// The trained dense model's conversions (name, kind, sketch initialisation, the arm whose
+/// step profile it shares): Panther's unbiased sketch, the sketch fitted to the dense weights
+/// by least squares, and the randomized SVD's low-rank layers of the same trainable size.
+fn conversions(sketched: LinearKind) -> [(&'static str, LinearKind, SketchInit, &'static str); 3] {
+    [
+        (
+            "converted-k16",
+            sketched,
+            SketchInit::Unbiased,
+            "sketched-k16",
+        ),
+        (
+            "converted-k16-fitted",
+            sketched,
+            SketchInit::Fitted,
+            "sketched-k16",
+        ),
+        (
+            "converted-r16",
+            LinearKind::LowRank { rank: 16 },
+            SketchInit::Unbiased,
+            "lowrank-r16",
+        ),
+    ]
 }
 
 /// One training run for a worker thread.

@@ -684,7 +684,7 @@ fn fixed<B: Backend>(projection: Tensor<B, 2>) -> Param<Tensor<B, 2>> {
 }
 
 /// FAVOR+'s orthogonal random features, `[m, d]`: the rows of each block of `d` are a
-/// Gaussian block orthonormalised (Gram–Schmidt, in `f64` on the host, since Burn has no QR;
+/// Gaussian block orthonormalised (Householder QR, in `f64` on the host: a block is small;
 /// the last block keeps the rows it needs), each row then rescaled to the length of an
 /// independent standard Gaussian vector of `ℝ^d`, so that every row is marginally `N(0, I)`
 /// while the rows of a block are exactly orthogonal. Both draws come from the backend's
@@ -710,26 +710,19 @@ fn orthogonal_random_features<B: Backend>(m: usize, d: usize, device: &B::Device
     Tensor::from_data(TensorData::new(values, [m, d]), device)
 }
 
-/// Modified Gram–Schmidt, twice ("twice is enough" for orthogonality to working precision),
-/// on the rows (of length `d`) of `block`. A row in the span of the previous ones (probability
-/// zero for Gaussian rows) is left at zero.
+/// Orthonormalises the rows (of length `d`) of `block` (at most `d` of them): Householder QR
+/// of the block's transpose (faer, `f64`), each column of `Q` signed like `R`'s diagonal so
+/// that a Gaussian block gives Haar-distributed rows.
 fn orthonormalise_rows(block: &mut [f64], d: usize) {
-    for i in 0..block.len() / d {
-        let (done, rest) = block.split_at_mut(i * d);
-        let row = &mut rest[..d];
-        for _ in 0..2 {
-            for previous in done.chunks(d) {
-                let dot = row.iter().zip(previous).map(|(a, b)| a * b).sum::<f64>();
-                row.iter_mut()
-                    .zip(previous)
-                    .for_each(|(a, b)| *a -= dot * b);
-            }
-        }
-        let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
-        if norm > 0.0 {
-            row.iter_mut().for_each(|x| *x /= norm);
-        } else {
-            row.fill(0.0);
+    let rows = block.len() / d;
+    let transposed = faer::Mat::<f64>::from_fn(d, rows, |i, j| block[j * d + i]);
+    let factor = transposed.qr();
+    let q = factor.compute_thin_Q();
+    let r = factor.thin_R();
+    for j in 0..rows {
+        let sign = if r[(j, j)] < 0.0 { -1.0 } else { 1.0 };
+        for i in 0..d {
+            block[j * d + i] = sign * q[(i, j)];
         }
     }
 }
