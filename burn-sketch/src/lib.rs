@@ -37,6 +37,7 @@
 
 mod activation;
 pub mod backend;
+mod conv;
 pub mod cpu;
 mod error;
 pub mod linalg;
@@ -46,6 +47,7 @@ pub mod panther;
 pub mod sketch;
 
 pub use backend::{Activation, KernelStrategy, SketchBackend, SketchWeights};
+pub use conv::{SkConv2d, SkConv2dConfig};
 pub use error::SketchError;
 pub use linear::{ParamCounts, SkLinear, SkLinearConfig, SketchInit};
 

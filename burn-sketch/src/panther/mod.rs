@@ -6,8 +6,10 @@
 //! on the Python side), so trained weights move both ways; [`load_sklinear`] also reads
 //! PyTorch's own `torch.save` files. A whole Panther model's file holds
 //! one such group per layer, each under its module path (`"encoder.0."`): pass it as `prefix`.
-//! [`load_performer`] reads Panther's `RandMultiHeadAttention` the same way.
+//! [`load_performer`] reads Panther's `RandMultiHeadAttention` the same way, and
+//! [`load_skconv2d`] / [`save_skconv2d`] its `SKConv2d`.
 
+mod conv2d;
 mod performer;
 mod pickle;
 mod torch;
@@ -23,6 +25,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::linear::fixed;
 use crate::{SkLinear, SketchError};
+pub use conv2d::{load_skconv2d, save_skconv2d};
 pub use performer::{load_performer, load_performer_from_bytes};
 use torch::TorchFile;
 

@@ -5,6 +5,7 @@
 mod common;
 mod autotune;
 mod bad_input;
+mod conv;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;

@@ -1,0 +1,381 @@
+//! The sketched 2-D convolution, a drop-in for `burn::nn::conv::Conv2d` (Panther's
+//! `SKConv2d`).
+//!
+//! A convolution is a linear layer applied to every window of its input: with the windows
+//! unfolded (`[N·L, C·kh·kw]`, im2col), the kernel is a `[C·kh·kw, O]` matrix `K`. `SkConv2d`
+//! replaces `K` by the sketched estimate of [`SkLinear`](crate::SkLinear)'s math:
+//!
+//! ```text
+//! K̂ = 1/(2T) · Σ_t ( S1_t·U1_t + U2_tᵀ·S2_t )
+//! ```
+//!
+//! with `S1_t` `[C·kh·kw, k]` and `S2_t` `[k·kh·kw, O]` trained, and the fixed sign sketches
+//! `U1_t` `[k, O]` and `U2_t` `[k·kh·kw, C·kh·kw]`, Panther's shapes and names. Groups split the
+//! channels as Burn's `Conv2d` does, each group with sketches of its own.
+
+use burn::config::Config;
+use burn::module::{Content, DisplaySettings, Module, ModuleDisplay, Param};
+use burn::nn::PaddingConfig2d;
+use burn::tensor::backend::Backend;
+use burn::tensor::module::unfold4d;
+use burn::tensor::ops::UnfoldOptions;
+use burn::tensor::{Distribution, Tensor};
+
+use crate::SketchError;
+use crate::linear::{fixed, sign_sketch};
+
+/// Configuration of an [`SkConv2d`].
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::nn::PaddingConfig2d;
+/// use burn::tensor::{Distribution, Tensor};
+/// use burn_sketch::SkConv2dConfig;
+///
+/// let device = Default::default();
+/// let conv = SkConv2dConfig::new([32, 64], [3, 3], 1, 4)
+///     .with_padding(PaddingConfig2d::Same)
+///     .init::<Flex>(&device);
+/// let x = Tensor::<Flex, 4>::random([2, 32, 16, 16], Distribution::Default, &device);
+/// assert_eq!(conv.forward(x).dims(), [2, 64, 16, 16]);
+/// // 4·(32·9) + 4·9·64 trained weights per term and group, instead of 32·9·64.
+/// assert_eq!(conv.num_trainable(), 4 * 32 * 9 + 4 * 9 * 64 + 64);
+/// ```
+#[derive(Config, Debug)]
+pub struct SkConv2dConfig {
+    /// The number of input and output channels.
+    pub channels: [usize; 2],
+    /// The size of the kernel.
+    pub kernel_size: [usize; 2],
+    /// `T`, the number of sketched terms.
+    pub num_terms: usize,
+    /// `k`, the rank of each term's first factor (the second has rank `k·kh·kw`).
+    pub low_rank: usize,
+    /// The stride of the convolution.
+    #[config(default = "[1, 1]")]
+    pub stride: [usize; 2],
+    /// Spacing between kernel elements.
+    #[config(default = "[1, 1]")]
+    pub dilation: [usize; 2],
+    /// Controls the connections between input and output channels.
+    #[config(default = "1")]
+    pub groups: usize,
+    /// The padding configuration.
+    #[config(default = "PaddingConfig2d::Valid")]
+    pub padding: PaddingConfig2d,
+    /// If a bias is added.
+    #[config(default = true)]
+    pub bias: bool,
+}
+
+impl SkConv2dConfig {
+    /// Checks the sizes: none zero, channels divisible by `groups`.
+    pub fn validate(&self) -> Result<(), SketchError> {
+        let sizes = [
+            ("channels[0]", self.channels[0]),
+            ("channels[1]", self.channels[1]),
+            ("kernel_size[0]", self.kernel_size[0]),
+            ("kernel_size[1]", self.kernel_size[1]),
+            ("num_terms", self.num_terms),
+            ("low_rank", self.low_rank),
+            ("stride[0]", self.stride[0]),
+            ("stride[1]", self.stride[1]),
+            ("dilation[0]", self.dilation[0]),
+            ("dilation[1]", self.dilation[1]),
+            ("groups", self.groups),
+        ];
+        for (name, value) in sizes {
+            if value == 0 {
+                return Err(SketchError::InvalidConfig {
+                    name,
+                    value,
+                    reason: "must be at least 1",
+                });
+            }
+        }
+        for (name, value) in [
+            ("channels[0]", self.channels[0]),
+            ("channels[1]", self.channels[1]),
+        ] {
+            if value % self.groups != 0 {
+                return Err(SketchError::InvalidConfig {
+                    name,
+                    value,
+                    reason: "must be divisible by `groups`",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Initializes the layer with Panther's initialisation: a kernel drawn uniform in
+    /// `±1/√(kh·kw·O/g)` (PyTorch's `kaiming_uniform_(a = √5)` on Panther's `[C, kh, kw, O]`
+    /// kernel), sign sketches `±1/√rank`, `S1_t = K·U1_tᵀ` and `S2_t = U2_t·K`, and the bias
+    /// uniform in the same bound.
+    ///
+    /// # Panics
+    /// On an invalid size; [`try_init`](Self::try_init) returns the error instead.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> SkConv2d<B> {
+        self.try_init(device)
+            .unwrap_or_else(|err| panic!("cannot initialise SkConv2d: {err}"))
+    }
+
+    /// [`init`](Self::init), or the error naming the bad size.
+    pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<SkConv2d<B>, SketchError> {
+        self.validate()?;
+        let g = self.groups;
+        let (c, o) = (self.channels[0] / g, self.channels[1] / g);
+        let window = self.kernel_size[0] * self.kernel_size[1];
+        let (t, k) = (self.num_terms, self.low_rank);
+        let bound = 1.0 / ((window * o) as f64).sqrt();
+        let uniform = Distribution::Uniform(-bound, bound);
+        // Per group, the kernel as a matrix `[C·kh·kw, O]` (rows ordered channel, row, column).
+        let kernel = Tensor::<B, 3>::random([g, c * window, o], uniform, device);
+        let u1s = sign_sketch::<B>([g * t, k, o], k, device);
+        let u2s = sign_sketch::<B>([g * t, k * window, c * window], k * window, device);
+        // S1: [g, C·kk, O] · [g, O, T·k] → [g, C·kk, T, k] → [g·T, C·kk, k].
+        let u1_stacked = u1s.clone().reshape([g, t * k, o]).swap_dims(1, 2);
+        let s1s = kernel
+            .clone()
+            .matmul(u1_stacked)
+            .reshape([g, c * window, t, k])
+            .swap_dims(1, 2)
+            .reshape([g * t, c * window, k]);
+        // S2: [g, T·k·kk, C·kk] · [g, C·kk, O] → [g·T, k·kk, O].
+        let s2s = u2s
+            .clone()
+            .reshape([g, t * k * window, c * window])
+            .matmul(kernel)
+            .reshape([g * t, k * window, o]);
+        let bias = self
+            .bias
+            .then(|| Param::from_tensor(Tensor::random([self.channels[1]], uniform, device)));
+        Ok(SkConv2d {
+            s1s: Param::from_tensor(s1s),
+            s2s: Param::from_tensor(s2s),
+            u1s: fixed(u1s),
+            u2s: fixed(u2s),
+            bias,
+            kernel_size: self.kernel_size,
+            stride: self.stride,
+            dilation: self.dilation,
+            groups: self.groups,
+            padding: self.padding.clone(),
+        })
+    }
+}
+
+/// A 2-D convolution whose kernel is a sketched estimate; see the [module](self) docs.
+#[derive(Module, Debug)]
+#[module(custom_display)]
+pub struct SkConv2d<B: Backend> {
+    /// Trained first factors, `[groups·T, C/g·kh·kw, k]`.
+    pub s1s: Param<Tensor<B, 3>>,
+    /// Trained second factors, `[groups·T, k·kh·kw, O/g]`.
+    pub s2s: Param<Tensor<B, 3>>,
+    /// Fixed sign sketches paired with `s1s`, `[groups·T, k, O/g]`.
+    pub u1s: Param<Tensor<B, 3>>,
+    /// Fixed sign sketches paired with `s2s`, `[groups·T, k·kh·kw, C/g·kh·kw]`.
+    pub u2s: Param<Tensor<B, 3>>,
+    /// Optional bias, `[O]`.
+    pub bias: Option<Param<Tensor<B, 1>>>,
+    /// The size of the kernel.
+    pub kernel_size: [usize; 2],
+    /// The stride.
+    pub stride: [usize; 2],
+    /// The dilation.
+    pub dilation: [usize; 2],
+    /// The groups.
+    pub groups: usize,
+    /// The padding configuration.
+    pub padding: PaddingConfig2d,
+}
+
+impl<B: Backend> SkConv2d<B> {
+    /// Applies the convolution.
+    ///
+    /// # Shapes
+    /// - input: `[batch, channels_in, height, width]`
+    /// - output: `[batch, channels_out, height_out, width_out]`
+    ///
+    /// # Panics
+    /// If the input's channels differ from the layer's.
+    pub fn forward(&self, input: Tensor<B, 4>) -> Tensor<B, 4> {
+        let [n, channels, height, width] = input.dims();
+        assert_eq!(
+            channels,
+            self.channels_in(),
+            "SkConv2d expects {} input channels, got {channels}",
+            self.channels_in()
+        );
+        let (input, padding) = self.pad(input, height, width);
+        let [_, _, padded_h, padded_w] = input.dims();
+        let [kh, kw] = self.kernel_size;
+        let out_size =
+            |size: usize, kernel: usize, stride: usize, padding: usize, dilation: usize| {
+                (size + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1
+            };
+        let h_out = out_size(padded_h, kh, self.stride[0], padding[0], self.dilation[0]);
+        let w_out = out_size(padded_w, kw, self.stride[1], padding[1], self.dilation[1]);
+        let windows = unfold4d(
+            input,
+            self.kernel_size,
+            UnfoldOptions::new(self.stride, padding, self.dilation),
+        ); // [N, C·kh·kw, L]
+        let (g, t) = (self.groups, self.num_terms());
+        let (c_window, o) = (self.u2s.dims()[2], self.u1s.dims()[2]);
+        let rows = n * h_out * w_out;
+        // [N, g·C/g·kk, L] → [g, N·L, C/g·kk]
+        let x = windows
+            .reshape([n, g, c_window, h_out * w_out])
+            .permute([1, 0, 3, 2])
+            .reshape([g, rows, c_window]);
+        let k = self.s1s.dims()[2];
+        let rank2 = self.s2s.dims()[1];
+        // The terms stacked along the rank: [g, C/g·kk, T·k] and [g, T·k, O/g], likewise for
+        // the second factors.
+        let s1 = self
+            .s1s
+            .val()
+            .reshape([g, t, c_window, k])
+            .swap_dims(1, 2)
+            .reshape([g, c_window, t * k]);
+        let u1 = self.u1s.val().reshape([g, t * k, o]);
+        let u2t = self
+            .u2s
+            .val()
+            .reshape([g, t, rank2, c_window])
+            .permute([0, 3, 1, 2])
+            .reshape([g, c_window, t * rank2]);
+        let s2 = self.s2s.val().reshape([g, t * rank2, o]);
+        let y =
+            (x.clone().matmul(s1).matmul(u1) + x.matmul(u2t).matmul(s2)).div_scalar(2.0 * t as f64); // [g, N·L, O/g]
+        let y = y
+            .reshape([g, n, h_out * w_out, o])
+            .permute([1, 0, 3, 2])
+            .reshape([n, g * o, h_out, w_out]);
+        match &self.bias {
+            Some(bias) => y + bias.val().reshape([1, g * o, 1, 1]),
+            None => y,
+        }
+    }
+
+    /// The symmetric padding to hand `unfold4d`, the input zero-padded first where the padding
+    /// is asymmetric (`Same` with an even kernel, or `Explicit` with unequal sides).
+    fn pad(&self, input: Tensor<B, 4>, height: usize, width: usize) -> (Tensor<B, 4>, [usize; 2]) {
+        let same = |size: usize, kernel: usize, stride: usize, dilation: usize| {
+            let extent = dilation * (kernel - 1) + 1;
+            let out = size.div_ceil(stride);
+            let total = ((out - 1) * stride + extent).saturating_sub(size);
+            (total / 2, total - total / 2)
+        };
+        let ((top, bottom), (left, right)) = match self.padding {
+            PaddingConfig2d::Valid => ((0, 0), (0, 0)),
+            PaddingConfig2d::Same => (
+                same(
+                    height,
+                    self.kernel_size[0],
+                    self.stride[0],
+                    self.dilation[0],
+                ),
+                same(width, self.kernel_size[1], self.stride[1], self.dilation[1]),
+            ),
+            PaddingConfig2d::Explicit(top, left, bottom, right) => ((top, bottom), (left, right)),
+        };
+        if top == bottom && left == right {
+            return (input, [top, left]);
+        }
+        // Zero blocks around the input, none of them empty (a zero-sized tensor in `cat`
+        // gave wrong values on wgpu).
+        let border = |x: Tensor<B, 4>, before: usize, after: usize, dim: usize| {
+            let mut shape = x.dims();
+            let mut parts = Vec::with_capacity(3);
+            let device = x.device();
+            if before > 0 {
+                shape[dim] = before;
+                parts.push(Tensor::zeros(shape, &device));
+            }
+            parts.push(x);
+            if after > 0 {
+                shape[dim] = after;
+                parts.push(Tensor::zeros(shape, &device));
+            }
+            Tensor::cat(parts, dim)
+        };
+        let x = border(border(input, top, bottom, 2), left, right, 3);
+        (x, [0, 0])
+    }
+
+    /// The effective kernel `K̂` in Burn's `Conv2d` layout, `[O, C/g, kh, kw]`: the
+    /// convolution by it equals [`forward`](Self::forward).
+    pub fn to_dense_kernel(&self) -> Tensor<B, 4> {
+        let (g, t) = (self.groups, self.num_terms());
+        let [_, c_window, k] = self.s1s.dims();
+        let rank2 = self.s2s.dims()[1];
+        let o = self.u1s.dims()[2];
+        let s1 = self
+            .s1s
+            .val()
+            .reshape([g, t, c_window, k])
+            .swap_dims(1, 2)
+            .reshape([g, c_window, t * k]);
+        let u1 = self.u1s.val().reshape([g, t * k, o]);
+        let u2t = self
+            .u2s
+            .val()
+            .reshape([g, t, rank2, c_window])
+            .permute([0, 3, 1, 2])
+            .reshape([g, c_window, t * rank2]);
+        let s2 = self.s2s.val().reshape([g, t * rank2, o]);
+        let kernel = (s1.matmul(u1) + u2t.matmul(s2)).div_scalar(2.0 * t as f64); // [g, C·kk, O]
+        let [kh, kw] = self.kernel_size;
+        kernel
+            .swap_dims(1, 2)
+            .reshape([g * o, c_window / (kh * kw), kh, kw])
+    }
+
+    /// The number of input channels.
+    pub fn channels_in(&self) -> usize {
+        self.u2s.dims()[2] / (self.kernel_size[0] * self.kernel_size[1]) * self.groups
+    }
+
+    /// The number of output channels.
+    pub fn channels_out(&self) -> usize {
+        self.u1s.dims()[2] * self.groups
+    }
+
+    /// `T`.
+    pub fn num_terms(&self) -> usize {
+        self.s1s.dims()[0] / self.groups
+    }
+
+    /// `k`.
+    pub fn low_rank(&self) -> usize {
+        self.s1s.dims()[2]
+    }
+
+    /// Trained weights: both factors and the bias (the sketches are fixed).
+    pub fn num_trainable(&self) -> usize {
+        self.s1s.val().shape().num_elements()
+            + self.s2s.val().shape().num_elements()
+            + self.bias.as_ref().map_or(0, |_| self.channels_out())
+    }
+}
+
+impl<B: Backend> ModuleDisplay for SkConv2d<B> {
+    fn custom_settings(&self) -> Option<DisplaySettings> {
+        DisplaySettings::new()
+            .with_new_line_after_attribute(false)
+            .optional()
+    }
+
+    fn custom_content(&self, content: Content) -> Option<Content> {
+        content
+            .add("channels_in", &self.channels_in())
+            .add("channels_out", &self.channels_out())
+            .add("kernel_size", &format!("{:?}", self.kernel_size))
+            .add("num_terms", &self.num_terms())
+            .add("low_rank", &self.low_rank())
+            .optional()
+    }
+}
