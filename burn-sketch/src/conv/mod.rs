@@ -12,13 +12,17 @@
 //! with `S1_t` `[C·kh·kw, k]` and `S2_t` `[k·kh·kw, O]` trained, and the fixed sign sketches
 //! `U1_t` `[k, O]` and `U2_t` `[k·kh·kw, C·kh·kw]`, Panther's shapes and names. Groups split the
 //! channels as Burn's `Conv2d` does, each group with sketches of its own.
+//!
+//! `K̂` is never formed: the layer is a `kh × kw` convolution to `r = T·k·(1 + kh·kw)` channels
+//! followed by a `1 × 1` convolution to `O`, so a position costs `(C·kh·kw + O)·r` products
+//! instead of `C·kh·kw·O`, and the backend's own convolutions do the work.
 
 use burn::config::Config;
 use burn::module::{Content, DisplaySettings, Module, ModuleDisplay, Param};
 use burn::nn::PaddingConfig2d;
 use burn::tensor::backend::Backend;
-use burn::tensor::module::unfold4d;
-use burn::tensor::ops::UnfoldOptions;
+use burn::tensor::module::conv2d;
+use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Distribution, Tensor};
 
 use crate::SketchError;
@@ -201,7 +205,7 @@ impl<B: Backend> SkConv2d<B> {
     /// # Panics
     /// If the input's channels differ from the layer's.
     pub fn forward(&self, input: Tensor<B, 4>) -> Tensor<B, 4> {
-        let [n, channels, height, width] = input.dims();
+        let [_, channels, height, width] = input.dims();
         assert_eq!(
             channels,
             self.channels_in(),
@@ -209,58 +213,49 @@ impl<B: Backend> SkConv2d<B> {
             self.channels_in()
         );
         let (input, padding) = self.pad(input, height, width);
-        let [_, _, padded_h, padded_w] = input.dims();
-        let [kh, kw] = self.kernel_size;
-        let out_size =
-            |size: usize, kernel: usize, stride: usize, padding: usize, dilation: usize| {
-                (size + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1
-            };
-        let h_out = out_size(padded_h, kh, self.stride[0], padding[0], self.dilation[0]);
-        let w_out = out_size(padded_w, kw, self.stride[1], padding[1], self.dilation[1]);
-        let windows = unfold4d(
+        let (spatial, mixing) = self.factors();
+        // Both terms are a `kh × kw` convolution to `T·k·(1 + kh·kw)` channels (`x·S1` and
+        // `x·U2ᵀ`, stacked), then a 1 × 1 convolution to the outputs (`·U1` and `·S2`):
+        // Burn's own convolutions, on every backend, with its strides, dilation and groups.
+        let reduced = conv2d(
             input,
-            self.kernel_size,
-            UnfoldOptions::new(self.stride, padding, self.dilation),
-        ); // [N, C·kh·kw, L]
-        let (g, t) = (self.groups, self.num_terms());
-        let (c_window, o) = (self.u2s.dims()[2], self.u1s.dims()[2]);
-        let rows = n * h_out * w_out;
-        // [N, g·C/g·kk, L] → [g, N·L, C/g·kk]
-        let x = windows
-            .reshape([n, g, c_window, h_out * w_out])
-            .permute([1, 0, 3, 2])
-            .reshape([g, rows, c_window]);
-        let k = self.s1s.dims()[2];
-        let rank2 = self.s2s.dims()[1];
-        // The terms stacked along the rank: [g, C/g·kk, T·k] and [g, T·k, O/g], likewise for
-        // the second factors.
-        let s1 = self
-            .s1s
-            .val()
-            .reshape([g, t, c_window, k])
-            .swap_dims(1, 2)
-            .reshape([g, c_window, t * k]);
-        let u1 = self.u1s.val().reshape([g, t * k, o]);
-        let u2t = self
-            .u2s
-            .val()
-            .reshape([g, t, rank2, c_window])
-            .permute([0, 3, 1, 2])
-            .reshape([g, c_window, t * rank2]);
-        let s2 = self.s2s.val().reshape([g, t * rank2, o]);
-        let y =
-            (x.clone().matmul(s1).matmul(u1) + x.matmul(u2t).matmul(s2)).div_scalar(2.0 * t as f64); // [g, N·L, O/g]
-        let y = y
-            .reshape([g, n, h_out * w_out, o])
-            .permute([1, 0, 3, 2])
-            .reshape([n, g * o, h_out, w_out]);
-        match &self.bias {
-            Some(bias) => y + bias.val().reshape([1, g * o, 1, 1]),
-            None => y,
-        }
+            spatial,
+            None,
+            ConvOptions::new(self.stride, padding, self.dilation, self.groups),
+        );
+        conv2d(
+            reduced,
+            mixing,
+            self.bias.as_ref().map(|bias| bias.val()),
+            ConvOptions::new([1, 1], [0, 0], [1, 1], self.groups),
+        )
     }
 
-    /// The symmetric padding to hand `unfold4d`, the input zero-padded first where the padding
+    /// The two convolutions' kernels: `[g·r, C/g, kh, kw]` (`S1_tᵀ` then `U2_t` of each term,
+    /// `r = T·k·(1 + kh·kw)` rows per group) and `[O, r, 1, 1]` (`U1_t` then `S2_t`, over
+    /// `2T`).
+    fn factors(&self) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let (g, t) = (self.groups, self.num_terms());
+        let [_, c_window, k] = self.s1s.dims();
+        let rank2 = self.s2s.dims()[1];
+        let o = self.u1s.dims()[2];
+        let [kh, kw] = self.kernel_size;
+        let c = c_window / (kh * kw);
+        // [g·T, C·kk, k] → [g, T·k, C·kk]
+        let s1t = self.s1s.val().swap_dims(1, 2).reshape([g, t * k, c_window]);
+        let u2 = self.u2s.val().reshape([g, t * rank2, c_window]);
+        let r = t * (k + rank2);
+        let spatial = Tensor::cat(vec![s1t, u2], 1).reshape([g * r, c, kh, kw]);
+        let u1 = self.u1s.val().reshape([g, t * k, o]);
+        let s2 = self.s2s.val().reshape([g, t * rank2, o]);
+        let mixing = Tensor::cat(vec![u1, s2], 1)
+            .swap_dims(1, 2)
+            .reshape([g * o, r, 1, 1])
+            .div_scalar(2.0 * t as f64);
+        (spatial, mixing)
+    }
+
+    /// The symmetric padding to hand the convolution, the input zero-padded first where the padding
     /// is asymmetric (`Same` with an even kernel, or `Explicit` with unequal sides).
     fn pad(&self, input: Tensor<B, 4>, height: usize, width: usize) -> (Tensor<B, 4>, [usize; 2]) {
         let same = |size: usize, kernel: usize, stride: usize, dilation: usize| {
