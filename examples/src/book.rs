@@ -16,6 +16,7 @@ pages! {
     Introduction => "introduction.md",
     GettingStarted => "getting-started.md",
     SketchedLayer => "sketching/sketched-layer.md",
+    Convolution => "sketching/convolution.md",
     PantherCheckpoints => "sketching/panther-checkpoints.md",
     Transformers => "sketching/transformers.md",
     Backends => "sketching/backends.md",
