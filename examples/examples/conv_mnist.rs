@@ -63,6 +63,9 @@ struct Args {
 }
 
 /// The second convolution, dense or sketched.
+// One per model: the variants' sizes do not matter, and Burn's `Module` derive has no boxed
+// form.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 enum Conv<B: Backend> {
     Dense(Conv2d<B>),

@@ -169,7 +169,9 @@ impl SkConv2dConfig {
     }
 }
 
-/// A 2-D convolution whose kernel is a sketched estimate; see the [module](self) docs.
+/// A 2-D convolution whose kernel is the sketched estimate
+/// `K̂ = 1/(2T) · Σ_t (S1_t·U1_t + U2_tᵀ·S2_t)`, run as a `kh × kw` convolution to
+/// `T·k·(1 + kh·kw)` channels and a `1 × 1` one (the book's "The sketched convolution").
 #[derive(Module, Debug)]
 #[module(custom_display)]
 pub struct SkConv2d<B: Backend> {
