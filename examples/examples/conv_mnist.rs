@@ -17,7 +17,6 @@ use std::time::Instant;
 
 use burn::backend::{Autodiff, Flex};
 use burn::data::dataloader::DataLoaderBuilder;
-use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataset::Dataset;
 use burn::module::{AutodiffModule, Module};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -25,12 +24,13 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d, Relu};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::{ElementConversion, Tensor};
 use burn_sketch::{SkConv2d, SkConv2dConfig};
 use clap::Parser;
 use examples::data::{DigitBatch, DigitBatcher, DigitDataset};
 use examples::mnist::Mnist;
+use examples::training::evaluate_logits;
 use serde::Serialize;
 
 type A = Autodiff<Flex>;
@@ -205,24 +205,6 @@ fn train(mut model: Cnn<A>, data: &DigitDataset, args: &Args) -> Cnn<A> {
     model
 }
 
-fn accuracy<B: Backend>(model: &Cnn<B>, data: &DigitDataset) -> f64 {
-    let device = Default::default();
-    let indices: Vec<usize> = (0..data.len()).collect();
-    let mut correct = 0i64;
-    for chunk in indices.chunks(500) {
-        let items = chunk.iter().filter_map(|&i| data.get(i)).collect();
-        let batch: DigitBatch<B> = DigitBatcher.batch(items, &device);
-        let predicted = model.forward(batch.images).argmax(1).reshape([chunk.len()]);
-        correct += predicted
-            .equal(batch.targets)
-            .int()
-            .sum()
-            .into_scalar()
-            .elem::<i64>();
-    }
-    correct as f64 / data.len().max(1) as f64
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let dir = Mnist::embedded_dir();
@@ -245,7 +227,10 @@ fn main() -> anyhow::Result<()> {
         arms.push(Arm {
             name,
             conv_weights: model.conv_weights(),
-            test_accuracy: accuracy(&model.valid(), &test_data),
+            test_accuracy: {
+                let valid = model.valid();
+                evaluate_logits(&test_data, &device, |x| valid.forward(x)).1
+            },
             train_seconds,
         });
     }

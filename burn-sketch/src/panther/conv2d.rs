@@ -7,17 +7,15 @@
 //! The kernel size, stride, padding and dilation are not in the file: the configuration
 //! passed in gives them, and the tensors' shapes are checked against it.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use burn::module::Param;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use safetensors::Dtype;
-use safetensors::tensor::TensorView;
 
 use super::{
-    BIAS, S1S, S2S, StateDict, U1S, U2S, entry, expect_shape, read_state_dict, write_atomically,
+    BIAS, S1S, S2S, StateDict, U1S, U2S, entry, expect_shape, read_file, read_state_dict,
+    write_safetensors,
 };
 use crate::linear::fixed;
 use crate::{SkConv2d, SkConv2dConfig, SketchError};
@@ -36,11 +34,7 @@ pub fn load_skconv2d<B: Backend>(
     config: &SkConv2dConfig,
     device: &B::Device,
 ) -> Result<SkConv2d<B>, SketchError> {
-    let bytes = std::fs::read(path).map_err(|source| SketchError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    read_state_dict(&bytes, path, |dict| {
+    read_state_dict(&read_file(path)?, path, |dict| {
         from_state_dict(dict, prefix, config, device)
     })
 }
@@ -133,22 +127,5 @@ pub fn save_skconv2d<B: Backend>(
     if let Some(bias) = &layer.bias {
         entries.push(entry(prefix, BIAS, bias.val().div_scalar(2.0)));
     }
-    let views = entries
-        .iter()
-        .map(|(name, shape, bytes)| {
-            let view = TensorView::new(Dtype::F32, shape.clone(), bytes)
-                .expect("an f32 tensor's byte length matches its shape");
-            (name.clone(), view)
-        })
-        .collect::<Vec<_>>();
-    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    let bytes =
-        safetensors::serialize(views, Some(metadata)).map_err(|err| SketchError::Format {
-            path: path.to_path_buf(),
-            message: err.to_string(),
-        })?;
-    write_atomically(path, &bytes).map_err(|source| SketchError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    write_safetensors(&entries, path)
 }

@@ -55,11 +55,15 @@ pub fn load_sklinear<B: Backend>(
     prefix: &str,
     device: &B::Device,
 ) -> Result<SkLinear<B>, SketchError> {
-    let bytes = std::fs::read(path).map_err(|source| SketchError::Io {
+    read_sklinear(&read_file(path)?, path, prefix, device)
+}
+
+/// The file's bytes, or [`SketchError::Io`] naming it.
+fn read_file(path: &Path) -> Result<Vec<u8>, SketchError> {
+    std::fs::read(path).map_err(|source| SketchError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
-    read_sklinear(&bytes, path, prefix, device)
+    })
 }
 
 /// [`load_sklinear`] on a checkpoint already in memory (downloaded, embedded, or received over
@@ -289,6 +293,14 @@ pub fn save_sklinear<B: Backend>(
         entries.push(entry(prefix, BIAS, bias.val()));
     }
 
+    write_safetensors(&entries, path)
+}
+
+/// Writes `(key, shape, f32 bytes)` entries as a safetensors file, atomically.
+fn write_safetensors(
+    entries: &[(String, Vec<usize>, Vec<u8>)],
+    path: &Path,
+) -> Result<(), SketchError> {
     let views = entries
         .iter()
         .map(|(name, shape, bytes)| {

@@ -12,7 +12,7 @@ use burn::nn::Linear;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use super::{StateDict, expect_shape, read_state_dict, shape_error};
+use super::{StateDict, expect_shape, read_file, read_state_dict, shape_error};
 use crate::SketchError;
 use crate::nn::{AnyLinear, LinearKind, PerformerAttention, PerformerAttentionConfig};
 
@@ -46,11 +46,7 @@ pub fn load_performer<B: Backend>(
     config: &PerformerAttentionConfig,
     device: &B::Device,
 ) -> Result<PerformerAttention<B>, SketchError> {
-    let bytes = std::fs::read(path).map_err(|source| SketchError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    read_state_dict(&bytes, path, |dict| {
+    read_state_dict(&read_file(path)?, path, |dict| {
         from_state_dict(dict, prefix, config, device)
     })
 }
