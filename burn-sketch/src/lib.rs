@@ -40,6 +40,7 @@ pub mod backend;
 mod conv;
 pub mod cpu;
 mod error;
+mod fixed;
 pub mod linalg;
 mod linear;
 pub mod nn;
@@ -49,6 +50,7 @@ pub mod sketch;
 pub use backend::{Activation, KernelStrategy, SketchBackend, SketchWeights};
 pub use conv::{SkConv2d, SkConv2dConfig};
 pub use error::SketchError;
+pub use fixed::FixedSketch;
 pub use linear::{ParamCounts, SkLinear, SkLinearConfig, SketchInit};
 
 /// The workspace README's examples, compiled and run as doctests so that they stay true.

@@ -25,8 +25,9 @@ use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
 use burn::tensor::{Distribution, Tensor};
 
+use crate::FixedSketch;
 use crate::SketchError;
-use crate::linear::{fixed, sign_sketch};
+use crate::linear::sign_sketch;
 
 /// Configuration of an [`SkConv2d`].
 ///
@@ -70,6 +71,10 @@ pub struct SkConv2dConfig {
     /// If a bias is added.
     #[config(default = true)]
     pub bias: bool,
+    /// Draw the fixed sketches from this seed on the host and record them as the seed (see
+    /// `SkLinearConfig::sketch_seed`); `None` draws them from the backend's generator.
+    #[config(default = "None")]
+    pub sketch_seed: Option<u64>,
 }
 
 impl SkConv2dConfig {
@@ -135,8 +140,26 @@ impl SkConv2dConfig {
         let uniform = Distribution::Uniform(-bound, bound);
         // Per group, the kernel as a matrix `[C·kh·kw, O]` (rows ordered channel, row, column).
         let kernel = Tensor::<B, 3>::random([g, c * window, o], uniform, device);
-        let u1s = sign_sketch::<B>([g * t, k, o], k, device);
-        let u2s = sign_sketch::<B>([g * t, k * window, c * window], k * window, device);
+        let (u1, u2) = match self.sketch_seed {
+            Some(seed) => (
+                FixedSketch::seeded([g * t, k, o], k, seed.wrapping_mul(2), device),
+                FixedSketch::seeded(
+                    [g * t, k * window, c * window],
+                    k * window,
+                    seed.wrapping_mul(2).wrapping_add(1),
+                    device,
+                ),
+            ),
+            None => (
+                FixedSketch::new(sign_sketch::<B>([g * t, k, o], k, device)),
+                FixedSketch::new(sign_sketch::<B>(
+                    [g * t, k * window, c * window],
+                    k * window,
+                    device,
+                )),
+            ),
+        };
+        let (u1s, u2s) = (u1.val(), u2.val());
         // S1: [g, C·kk, O] · [g, O, T·k] → [g, C·kk, T, k] → [g·T, C·kk, k].
         let u1_stacked = u1s.clone().reshape([g, t * k, o]).swap_dims(1, 2);
         let s1s = kernel
@@ -157,8 +180,8 @@ impl SkConv2dConfig {
         Ok(SkConv2d {
             s1s: Param::from_tensor(s1s),
             s2s: Param::from_tensor(s2s),
-            u1s: fixed(u1s),
-            u2s: fixed(u2s),
+            u1s: u1,
+            u2s: u2,
             bias,
             kernel_size: self.kernel_size,
             stride: self.stride,
@@ -179,10 +202,11 @@ pub struct SkConv2d<B: Backend> {
     pub s1s: Param<Tensor<B, 3>>,
     /// Trained second factors, `[groups·T, k·kh·kw, O/g]`.
     pub s2s: Param<Tensor<B, 3>>,
-    /// Fixed sign sketches paired with `s1s`, `[groups·T, k, O/g]`.
-    pub u1s: Param<Tensor<B, 3>>,
-    /// Fixed sign sketches paired with `s2s`, `[groups·T, k·kh·kw, C/g·kh·kw]`.
-    pub u2s: Param<Tensor<B, 3>>,
+    /// Fixed sign sketches paired with `s1s`, `[groups·T, k, O/g]`; recorded whole, or as
+    /// their seed ([`SkConv2dConfig::sketch_seed`]).
+    pub u1s: FixedSketch<B>,
+    /// Fixed sign sketches paired with `s2s`, `[groups·T, k·kh·kw, C/g·kh·kw]`, likewise.
+    pub u2s: FixedSketch<B>,
     /// Optional bias, `[O]`.
     pub bias: Option<Param<Tensor<B, 1>>>,
     /// The size of the kernel.

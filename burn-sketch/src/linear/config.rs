@@ -36,6 +36,11 @@ pub struct SkLinearConfig {
     /// part of the layer's record.
     #[config(default = "KernelStrategy::Autotune")]
     pub strategy: KernelStrategy,
+    /// Draw the fixed sketches from this seed on the host (the same on every backend) and
+    /// record them as the seed, which halves a record's bytes; `None` draws them from the
+    /// backend's generator and records them whole, as Panther does.
+    #[config(default = "None")]
+    pub sketch_seed: Option<u64>,
 }
 
 impl SkLinearConfig {
@@ -149,7 +154,13 @@ impl SkLinearConfig {
     pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<SkLinear<B>, SketchError> {
         self.validate()?;
         let (weight, bias) = super::init::panther_dense(self, device);
-        let layer = SkLinear::from_dense_parts(weight, bias, self.num_terms, self.low_rank);
+        let layer = SkLinear::from_dense_parts(
+            weight,
+            bias,
+            self.num_terms,
+            self.low_rank,
+            self.sketch_seed,
+        );
         Ok(layer.with_strategy(self.strategy))
     }
 }

@@ -7,9 +7,9 @@ use burn::tensor::{Distribution, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::{SkLinear, SkLinearConfig};
-use crate::SketchError;
 use crate::backend::KernelStrategy;
 use crate::linalg::host::{pseudo_inverse, to_device, to_host};
+use crate::{FixedSketch, SketchError};
 
 /// How a sketched layer converted from a dense one sets its trained factors, given the fixed
 /// sketches it drew.
@@ -72,13 +72,28 @@ impl<B: Backend> SkLinear<B> {
         bias: Option<Tensor<B, 1>>,
         num_terms: usize,
         low_rank: usize,
+        sketch_seed: Option<u64>,
     ) -> Self {
         let device = weight.device();
         let [d_input, d_output] = weight.dims();
         let (t, k) = (num_terms, low_rank);
 
-        let u1s = sign_sketch::<B>([t, k, d_output], k, &device);
-        let u2s = sign_sketch::<B>([t, d_input, k], k, &device);
+        let (u1, u2) = match sketch_seed {
+            Some(seed) => (
+                FixedSketch::seeded([t, k, d_output], k, seed.wrapping_mul(2), &device),
+                FixedSketch::seeded(
+                    [t, d_input, k],
+                    k,
+                    seed.wrapping_mul(2).wrapping_add(1),
+                    &device,
+                ),
+            ),
+            None => (
+                FixedSketch::new(sign_sketch::<B>([t, k, d_output], k, &device)),
+                FixedSketch::new(sign_sketch::<B>([t, d_input, k], k, &device)),
+            ),
+        };
+        let (u1s, u2s) = (u1.val(), u2.val());
 
         // [d_in, d_out] · [d_out, T·k] -> [d_in, T, k] -> [T, d_in, k]
         let s1s = weight
@@ -97,8 +112,8 @@ impl<B: Backend> SkLinear<B> {
         Self {
             s1s: Param::from_tensor(s1s),
             s2s: Param::from_tensor(s2s),
-            u1s: fixed(u1s),
-            u2s: fixed(u2s),
+            u1s: u1,
+            u2s: u2,
             bias: bias.map(Param::from_tensor),
             strategy: KernelStrategy::default(),
         }
@@ -137,11 +152,4 @@ impl<B: Backend> SkLinear<B> {
             ..self
         })
     }
-}
-
-/// Wraps a sketch that is part of the model's state (saved in records) but never trained:
-/// with `require_grad` off, autodiff computes no gradient for it and optimizers, which only
-/// update parameters that have a gradient, leave it alone.
-pub(crate) fn fixed<B: Backend>(sketch: Tensor<B, 3>) -> Param<Tensor<B, 3>> {
-    Param::from_tensor(sketch).set_require_grad(false)
 }

@@ -8,4 +8,4 @@ pub use config::SkLinearConfig;
 pub use module::{ParamCounts, SkLinear};
 
 pub use init::SketchInit;
-pub(crate) use init::{fixed, sign_sketch};
+pub(crate) use init::sign_sketch;

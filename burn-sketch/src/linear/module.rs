@@ -6,6 +6,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 use super::{SkLinearConfig, SketchInit};
+use crate::FixedSketch;
 use crate::SketchError;
 use crate::backend::{Activation, KernelStrategy, SketchBackend, SketchWeights};
 
@@ -28,12 +29,11 @@ pub struct SkLinear<B: Backend> {
     pub s1s: Param<Tensor<B, 3>>,
     /// Trainable right factors, `[T, k, d_output]`.
     pub s2s: Param<Tensor<B, 3>>,
-    /// Fixed sign sketches paired with `s1s`, `[T, k, d_output]`. Saved in records, never
-    /// trained (`require_grad` is off).
-    pub u1s: Param<Tensor<B, 3>>,
-    /// Fixed sign sketches paired with `s2s`, `[T, d_input, k]`. Saved in records, never
-    /// trained (`require_grad` is off).
-    pub u2s: Param<Tensor<B, 3>>,
+    /// Fixed sign sketches paired with `s1s`, `[T, k, d_output]`. Never trained; recorded
+    /// whole, or as their seed ([`SkLinearConfig::sketch_seed`]).
+    pub u1s: FixedSketch<B>,
+    /// Fixed sign sketches paired with `s2s`, `[T, d_input, k]`, likewise.
+    pub u2s: FixedSketch<B>,
     /// Optional bias, `[d_output]`.
     pub bias: Option<Param<Tensor<B, 1>>>,
     /// How the backend picks its implementation of the product; not saved in records.
@@ -115,7 +115,7 @@ impl<B: Backend> SkLinear<B> {
             .bias
             .as_ref()
             .map(|b| b.val().detach().set_require_grad(false));
-        let unbiased = Self::from_dense_parts(weight.clone(), bias, num_terms, low_rank);
+        let unbiased = Self::from_dense_parts(weight.clone(), bias, num_terms, low_rank, None);
         match init {
             SketchInit::Unbiased => Ok(unbiased),
             SketchInit::Fitted => unbiased.fitted_to(weight),

@@ -364,7 +364,9 @@ pub(super) fn convert_in_place<B: Backend>(layer: AnyLinear<B>) -> AnyLinear<B> 
 }
 
 /// Bytes `module`'s tensors hold, by their element types: four per `f32` value, two per
-/// `f16`/`bf16` one, one per `int8` weight plus four per `int8` tensor's scale.
+/// `f16`/`bf16` one, one per `int8` weight plus four per `int8` tensor's scale. A sketch kept
+/// as a seed ([`FixedSketch`](crate::FixedSketch)) is counted: it is held in memory, though
+/// its record holds only the seed.
 ///
 /// ```
 /// use burn::backend::Flex;

@@ -17,8 +17,7 @@ use super::{
     BIAS, S1S, S2S, StateDict, U1S, U2S, entry, expect_shape, read_file, read_state_dict,
     write_safetensors,
 };
-use crate::linear::fixed;
-use crate::{SkConv2d, SkConv2dConfig, SketchError};
+use crate::{FixedSketch, SkConv2d, SkConv2dConfig, SketchError};
 
 /// Reads the `SKConv2d` stored under `prefix` in a safetensors or `torch.save` checkpoint, for
 /// the layer `config` describes (its `num_terms`, `low_rank` and `bias` included), with the
@@ -89,8 +88,8 @@ fn from_state_dict<B: Backend>(
     Ok(SkConv2d {
         s1s: Param::from_tensor(tensor(S1S)?.mul_scalar(2.0)),
         s2s: Param::from_tensor(tensor(S2S)?.mul_scalar(2.0)),
-        u1s: fixed(tensor(U1S)?),
-        u2s: fixed(tensor(U2S)?),
+        u1s: FixedSketch::new(tensor(U1S)?),
+        u2s: FixedSketch::new(tensor(U2S)?),
         bias,
         kernel_size: config.kernel_size,
         stride: config.stride,

@@ -23,8 +23,7 @@ use burn::tensor::{Tensor, TensorData};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
-use crate::linear::fixed;
-use crate::{SkLinear, SketchError};
+use crate::{FixedSketch, SkLinear, SketchError};
 pub use conv2d::{load_skconv2d, save_skconv2d};
 pub use performer::{load_performer, load_performer_from_bytes};
 use torch::TorchFile;
@@ -261,8 +260,8 @@ fn from_state_dict<B: Backend>(
     Ok(SkLinear {
         s1s: Param::from_tensor(tensor(S1S)?),
         s2s: Param::from_tensor(tensor(S2S)?),
-        u1s: fixed(tensor(U1S)?),
-        u2s: fixed(tensor(U2S)?),
+        u1s: FixedSketch::new(tensor(U1S)?),
+        u2s: FixedSketch::new(tensor(U2S)?),
         bias: match bias {
             Some(_) => Some(Param::from_tensor(Tensor::from_data(
                 dict.float_data(&key(BIAS))?,

@@ -27,7 +27,7 @@
 //! assert_eq!(compressed.dims(), [64, 8]);
 //! ```
 
-mod draw;
+pub(crate) mod draw;
 mod hadamard;
 
 use burn::config::Config;

@@ -19,5 +19,6 @@ mod own_process;
 mod performer;
 mod placement;
 mod profiled;
+mod seeded;
 mod transformer;
 mod wgpu;

@@ -48,8 +48,8 @@ fn step<B: AutodiffBackend + SketchBackend>(
     let layer = SkLinear {
         s1s: factor(0, true),
         s2s: factor(1, true),
-        u1s: factor(2, false),
-        u2s: factor(3, false),
+        u1s: factor(2, false).into(),
+        u2s: factor(3, false).into(),
         bias: Some(Param::from_tensor(Tensor::from_data(
             fixture.bias.clone(),
             &device,

@@ -316,31 +316,44 @@ pub fn optimizer_leaves_sketches_alone<B: AutodiffBackend + SketchBackend>(
 /// tensor bit-for-bit (the sketches included), so outputs are identical.
 pub fn record_round_trip_is_exact<B: SketchBackend>(device: &B::Device, strategy: KernelStrategy) {
     let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("layer");
-    let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
-    let config = SkLinearConfig::new(11, 7, 3, 2).with_strategy(strategy);
-    B::seed(device, 1);
-    let layer = config.init::<B>(device);
-    layer.clone().save_file(path.clone(), &recorder).unwrap();
-    B::seed(device, 2);
-    let fresh = config.init::<B>(device);
-    assert_ne!(fresh.u1s.val().into_data(), layer.u1s.val().into_data());
-    let loaded = fresh.load_file(path, &recorder, device).unwrap();
+    // Sketches recorded whole, then as their seed: loaded into a layer whose own sketches
+    // differ, both give back the saved layer exactly.
+    for sketch_seed in [None, Some(9)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("layer");
+        let recorder = BinFileRecorder::<FullPrecisionSettings>::new();
+        let config = SkLinearConfig::new(11, 7, 3, 2).with_strategy(strategy);
+        B::seed(device, 1);
+        let layer = config
+            .clone()
+            .with_sketch_seed(sketch_seed)
+            .init::<B>(device);
+        assert_eq!(layer.u1s.seed(), sketch_seed.map(|seed| seed * 2));
+        layer.clone().save_file(path.clone(), &recorder).unwrap();
+        B::seed(device, 2);
+        let fresh = config.init::<B>(device);
+        assert_ne!(fresh.u1s.val().into_data(), layer.u1s.val().into_data());
+        let loaded = fresh.load_file(path, &recorder, device).unwrap();
 
-    for (a, b, name) in [
-        (&layer.s1s, &loaded.s1s, "s1s"),
-        (&layer.s2s, &loaded.s2s, "s2s"),
-        (&layer.u1s, &loaded.u1s, "u1s"),
-        (&layer.u2s, &loaded.u2s, "u2s"),
-    ] {
-        assert_eq!(a.val().into_data(), b.val().into_data(), "{name} changed");
+        for (a, b, name) in [
+            (&layer.s1s, &loaded.s1s, "s1s"),
+            (&layer.s2s, &loaded.s2s, "s2s"),
+            (&layer.u1s, &loaded.u1s, "u1s"),
+            (&layer.u2s, &loaded.u2s, "u2s"),
+        ] {
+            assert_eq!(
+                a.val().into_data(),
+                b.val().into_data(),
+                "{name} changed ({sketch_seed:?})"
+            );
+        }
+        assert!(!loaded.u1s.is_require_grad() && !loaded.u2s.is_require_grad());
+        let x = Tensor::<B, 2>::random([4, 11], Distribution::Default, device);
+        assert_eq!(
+            layer.forward(x.clone()).into_data(),
+            loaded.forward(x).into_data()
+        );
     }
-    let x = Tensor::<B, 2>::random([4, 11], Distribution::Default, device);
-    assert_eq!(
-        layer.forward(x.clone()).into_data(),
-        loaded.forward(x).into_data()
-    );
 }
 
 /// An input whose last dimension is not `d_input` panics with a message that says so.
