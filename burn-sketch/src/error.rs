@@ -156,3 +156,19 @@ pub enum SketchError {
         source: std::io::Error,
     },
 }
+
+impl SketchError {
+    /// [`SketchError::InvalidConfig`] naming the first of `sizes` that is zero.
+    pub(crate) fn first_zero(
+        sizes: impl IntoIterator<Item = (&'static str, usize)>,
+    ) -> Result<(), SketchError> {
+        match sizes.into_iter().find(|&(_, value)| value == 0) {
+            Some((name, value)) => Err(SketchError::InvalidConfig {
+                name,
+                value,
+                reason: "must be at least 1",
+            }),
+            None => Ok(()),
+        }
+    }
+}

@@ -39,6 +39,7 @@ mod activation;
 pub mod backend;
 mod conv;
 pub mod cpu;
+mod draws;
 mod error;
 mod fixed;
 pub mod linalg;

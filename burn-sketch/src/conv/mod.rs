@@ -22,7 +22,7 @@ use burn::module::{Content, DisplaySettings, Module, ModuleDisplay, Param};
 use burn::nn::PaddingConfig2d;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::conv2d;
-use burn::tensor::ops::ConvOptions;
+use burn::tensor::ops::{ConvOptions, PadMode};
 use burn::tensor::{Distribution, Tensor};
 
 use crate::FixedSketch;
@@ -93,15 +93,7 @@ impl SkConv2dConfig {
             ("dilation[1]", self.dilation[1]),
             ("groups", self.groups),
         ];
-        for (name, value) in sizes {
-            if value == 0 {
-                return Err(SketchError::InvalidConfig {
-                    name,
-                    value,
-                    reason: "must be at least 1",
-                });
-            }
-        }
+        SketchError::first_zero(sizes)?;
         for (name, value) in [
             ("channels[0]", self.channels[0]),
             ("channels[1]", self.channels[1]),
@@ -281,7 +273,8 @@ impl<B: Backend> SkConv2d<B> {
         (spatial, mixing)
     }
 
-    /// The symmetric padding to hand the convolution, the input zero-padded first where the padding
+    /// The symmetric padding to hand the convolution, the input zero-padded first (Burn's
+    /// `Tensor::pad`) where the padding
     /// is asymmetric (`Same` with an even kernel, or `Explicit` with unequal sides).
     fn pad(&self, input: Tensor<B, 4>, height: usize, width: usize) -> (Tensor<B, 4>, [usize; 2]) {
         let same = |size: usize, kernel: usize, stride: usize, dilation: usize| {
@@ -306,53 +299,24 @@ impl<B: Backend> SkConv2d<B> {
         if top == bottom && left == right {
             return (input, [top, left]);
         }
-        // Zero blocks around the input, none of them empty (a zero-sized tensor in `cat`
-        // gave wrong values on wgpu).
-        let border = |x: Tensor<B, 4>, before: usize, after: usize, dim: usize| {
-            let mut shape = x.dims();
-            let mut parts = Vec::with_capacity(3);
-            let device = x.device();
-            if before > 0 {
-                shape[dim] = before;
-                parts.push(Tensor::zeros(shape, &device));
-            }
-            parts.push(x);
-            if after > 0 {
-                shape[dim] = after;
-                parts.push(Tensor::zeros(shape, &device));
-            }
-            Tensor::cat(parts, dim)
-        };
-        let x = border(border(input, top, bottom, 2), left, right, 3);
-        (x, [0, 0])
+        (
+            input.pad((left, right, top, bottom), PadMode::Constant(0.0)),
+            [0, 0],
+        )
     }
 
     /// The effective kernel `K̂` in Burn's `Conv2d` layout, `[O, C/g, kh, kw]`: the
     /// convolution by it equals [`forward`](Self::forward).
     pub fn to_dense_kernel(&self) -> Tensor<B, 4> {
-        let (g, t) = (self.groups, self.num_terms());
-        let [_, c_window, k] = self.s1s.dims();
-        let rank2 = self.s2s.dims()[1];
-        let o = self.u1s.dims()[2];
-        let s1 = self
-            .s1s
-            .val()
-            .reshape([g, t, c_window, k])
-            .swap_dims(1, 2)
-            .reshape([g, c_window, t * k]);
-        let u1 = self.u1s.val().reshape([g, t * k, o]);
-        let u2t = self
-            .u2s
-            .val()
-            .reshape([g, t, rank2, c_window])
-            .permute([0, 3, 1, 2])
-            .reshape([g, c_window, t * rank2]);
-        let s2 = self.s2s.val().reshape([g, t * rank2, o]);
-        let kernel = (s1.matmul(u1) + u2t.matmul(s2)).div_scalar(2.0 * t as f64); // [g, C·kk, O]
-        let [kh, kw] = self.kernel_size;
-        kernel
-            .swap_dims(1, 2)
-            .reshape([g * o, c_window / (kh * kw), kh, kw])
+        let (spatial, mixing) = self.factors();
+        let [rows, c, kh, kw] = spatial.dims();
+        let [outputs, r, _, _] = mixing.dims();
+        let g = self.groups;
+        // Per group, [O, r] · [r, C·kh·kw].
+        mixing
+            .reshape([g, outputs / g, r])
+            .matmul(spatial.reshape([g, rows / g, c * kh * kw]))
+            .reshape([outputs, c, kh, kw])
     }
 
     /// The number of input channels.

@@ -76,15 +76,7 @@ impl SkLinearConfig {
             ("num_terms", self.num_terms),
             ("low_rank", self.low_rank),
         ];
-        for (name, value) in sizes {
-            if value == 0 {
-                return Err(SketchError::InvalidConfig {
-                    name,
-                    value,
-                    reason: "must be at least 1",
-                });
-            }
-        }
+        SketchError::first_zero(sizes)?;
         let (t, k, d_in, d_out) = (self.num_terms, self.low_rank, self.d_input, self.d_output);
         // Every tensor `try_init` builds (the dense weight it draws, the factors, the `T·k`
         // rows it multiplies by) must have a byte size that `isize` can hold, or allocating

@@ -109,15 +109,7 @@ impl AnyLinearConfig {
         let (d_in, d_out) = (self.d_input, self.d_output);
         let layer = match self.kind {
             LinearKind::Dense => {
-                for (name, value) in [("d_input", d_in), ("d_output", d_out)] {
-                    if value == 0 {
-                        return Err(SketchError::InvalidConfig {
-                            name,
-                            value,
-                            reason: "must be at least 1",
-                        });
-                    }
-                }
+                SketchError::first_zero([("d_input", d_in), ("d_output", d_out)])?;
                 LinearLayer::Dense(
                     LinearConfig::new(d_in, d_out)
                         .with_bias(self.bias)

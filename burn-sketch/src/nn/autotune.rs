@@ -10,12 +10,11 @@ use std::ops::RangeInclusive;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
-use rand_xoshiro::SplitMix64;
-use rand_xoshiro::rand_core::{Rng, SeedableRng};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::{Converter, LinearKind, Selection};
 use crate::SketchError;
+use crate::draws::Draws;
 
 /// The size of a sketched layer: `num_terms` terms of rank `low_rank`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -190,23 +189,6 @@ fn check_range(name: &'static str, range: &RangeInclusive<usize>) -> Result<(), 
     Ok(())
 }
 
-/// Draws from SplitMix64 (Steele, Lea and Flood), whose output depends on nothing but the
-/// seed, so a seeded search is the same everywhere.
-struct Draws(SplitMix64);
-
-impl Draws {
-    /// Uniform in `0..n` (`n ≥ 1`), by the multiply-shift method (bias below 2⁻⁶⁴·n).
-    fn below(&mut self, n: u128) -> u128 {
-        (u128::from(self.0.next_u64()) * n) >> 64
-    }
-
-    /// Uniform in `range` (not empty).
-    fn within(&mut self, range: &RangeInclusive<usize>) -> usize {
-        let span = (*range.end() - *range.start()) as u128 + 1;
-        range.start() + self.below(span) as usize
-    }
-}
-
 /// The pairs a [`Search::Random`] tries (ranges checked).
 fn draw(
     num_terms: &RangeInclusive<usize>,
@@ -214,7 +196,7 @@ fn draw(
     trials: usize,
     seed: u64,
 ) -> Vec<SketchSize> {
-    let mut rng = Draws(SplitMix64::seed_from_u64(seed));
+    let mut rng = Draws::new(seed);
     let terms = (*num_terms.end() - *num_terms.start()) as u128 + 1;
     let ranks = (*low_rank.end() - *low_rank.start()) as u128 + 1;
     let space = terms * ranks;

@@ -49,19 +49,11 @@ impl LowRankLinearConfig {
         &self,
         device: &B::Device,
     ) -> Result<LowRankLinear<B>, SketchError> {
-        for (name, value) in [
+        SketchError::first_zero([
             ("d_input", self.d_input),
             ("d_output", self.d_output),
             ("rank", self.rank),
-        ] {
-            if value == 0 {
-                return Err(SketchError::InvalidConfig {
-                    name,
-                    value,
-                    reason: "must be at least 1",
-                });
-            }
-        }
+        ])?;
         let kaiming = Initializer::KaimingUniform {
             gain: 1.0 / 3.0f64.sqrt(),
             fan_out_only: false,

@@ -93,19 +93,11 @@ impl PerformerAttentionConfig {
     /// at least 1 and dividing `d_model`, and `kernel_epsilon` finite and non-negative
     /// ([`SketchError::Unsupported`], since it is not a size).
     pub fn validate(&self) -> Result<(), SketchError> {
-        for (name, value) in [
+        SketchError::first_zero([
             ("d_model", self.d_model),
             ("num_features", self.num_features),
             ("chunk_size", self.chunk_size),
-        ] {
-            if value == 0 {
-                return Err(SketchError::InvalidConfig {
-                    name,
-                    value,
-                    reason: "must be at least 1",
-                });
-            }
-        }
+        ])?;
         if self.n_heads == 0 || !self.d_model.is_multiple_of(self.n_heads) {
             return Err(SketchError::InvalidConfig {
                 name: "n_heads",

@@ -27,7 +27,6 @@
 //! assert_eq!(compressed.dims(), [64, 8]);
 //! ```
 
-pub(crate) mod draw;
 mod hadamard;
 
 use burn::config::Config;
@@ -36,7 +35,7 @@ use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 use crate::SketchError;
-use draw::Draws;
+use crate::draws::Draws;
 
 /// The distribution of a [`SketchOperator`]; every kind is scaled so that `E[SᵀS] = I`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,15 +92,7 @@ impl SketchConfig {
         device: &B::Device,
     ) -> Result<SketchOperator<B>, SketchError> {
         let (n, d) = (self.input_size, self.sketch_size);
-        for (name, value) in [("input_size", n), ("sketch_size", d)] {
-            if value == 0 {
-                return Err(SketchError::InvalidConfig {
-                    name,
-                    value,
-                    reason: "must be at least 1",
-                });
-            }
-        }
+        SketchError::first_zero([("input_size", n), ("sketch_size", d)])?;
         let mut draws = Draws::new(self.seed);
         let repr = match self.kind {
             SketchKind::Gaussian | SketchKind::Uniform | SketchKind::ScaledSign => {

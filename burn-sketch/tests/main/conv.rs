@@ -10,7 +10,7 @@ use burn::backend::{Autodiff, Flex, NdArray, Wgpu};
 use burn::nn::PaddingConfig2d;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::conv2d;
-use burn::tensor::ops::ConvOptions;
+use burn::tensor::ops::{ConvOptions, PadMode};
 use burn::tensor::{Distribution, ElementConversion, Tensor, TensorData};
 use burn_sketch::panther::{load_skconv2d, save_skconv2d};
 use burn_sketch::{SkConv2dConfig, SketchError};
@@ -56,12 +56,9 @@ fn cases() -> Vec<(SkConv2dConfig, [usize; 2], [usize; 4])> {
     ]
 }
 
+/// `x` zero-padded by `[top, bottom, left, right]`.
 fn pad<B: Backend>(x: Tensor<B, 4>, [top, bottom, left, right]: [usize; 4]) -> Tensor<B, 4> {
-    let [n, c, h, w] = x.dims();
-    let device = x.device();
-    let mut out = Tensor::zeros([n, c, h + top + bottom, w + left + right], &device);
-    out = out.slice_assign([0..n, 0..c, top..top + h, left..left + w], x);
-    out
+    x.pad((left, right, top, bottom), PadMode::Constant(0.0))
 }
 
 fn max_gap<B: Backend>(a: Tensor<B, 4>, b: Tensor<B, 4>) -> f32 {

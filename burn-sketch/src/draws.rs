@@ -1,5 +1,7 @@
-//! The operators' random draws, from SplitMix64 on the host: the same seed gives the same
-//! operator whatever the backend (a backend's own generator differs from one to the next).
+//! The crate's seeded draws on the host, from SplitMix64 (Steele, Lea and Flood), whose output
+//! depends on nothing but the seed: the same seed gives the same sketching operator, fixed
+//! sketch or autotuner search on every backend (a backend's own generator differs from one to
+//! the next).
 
 use rand_xoshiro::SplitMix64;
 use rand_xoshiro::rand_core::{Rng, SeedableRng};
@@ -32,9 +34,15 @@ impl Draws {
         (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
     }
 
-    /// Uniform in `0..n` (`n ≥ 1`), by the multiply-shift method.
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        ((u128::from(self.0.next_u64()) * n as u128) >> 64) as usize
+    /// Uniform in `0..n` (`n ≥ 1`), by the multiply-shift method (bias below 2⁻⁶⁴·n).
+    pub(crate) fn below(&mut self, n: u128) -> u128 {
+        (u128::from(self.0.next_u64()) * n) >> 64
+    }
+
+    /// Uniform in `range` (not empty).
+    pub(crate) fn within(&mut self, range: &std::ops::RangeInclusive<usize>) -> usize {
+        let span = (*range.end() - *range.start()) as u128 + 1;
+        range.start() + self.below(span) as usize
     }
 
     /// `k ≤ n` distinct values of `0..n`, in the order drawn (Floyd's algorithm for small `k`,
@@ -44,14 +52,14 @@ impl Draws {
         if k * 4 <= n {
             let mut chosen: Vec<usize> = Vec::with_capacity(k);
             for j in n - k..n {
-                let t = self.below(j + 1);
+                let t = self.below((j + 1) as u128) as usize;
                 chosen.push(if chosen.contains(&t) { j } else { t });
             }
             chosen
         } else {
             let mut all: Vec<usize> = (0..n).collect();
             for i in 0..k {
-                let j = i + self.below(n - i);
+                let j = i + self.below((n - i) as u128) as usize;
                 all.swap(i, j);
             }
             all.truncate(k);
