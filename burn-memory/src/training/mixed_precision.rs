@@ -423,11 +423,12 @@ fn check_scale(name: &'static str, scale: f32) -> Result<(), MemoryError> {
 }
 
 /// A visitor that initialises a module's lazily initialised parameters in place, so that
-/// copies made afterwards share the values instead of each drawing its own.
+/// copies made afterwards share the values instead of each drawing its own (mixed precision's
+/// compute copy, a served model's replicas).
 #[derive(Debug)]
 pub struct Materialize;
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for Materialize {
+impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for Materialize {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let _ = param.val();
     }

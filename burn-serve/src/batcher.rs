@@ -1,0 +1,373 @@
+//! Dynamic batching: requests queue, and a batch runs when it is full or when its oldest
+//! request has waited long enough (Triton's `max_queue_delay_microseconds`, TorchServe's
+//! `maxBatchDelay`).
+//!
+//! Each worker thread owns one model replica (one per device, or several on a CPU whose
+//! backend is single-threaded); all workers take batches from one queue. The queue is bounded:
+//! a full queue answers [`ServeError::Overloaded`] at once instead of growing, so a burst costs
+//! latency up to the bound and memory never.
+
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::metrics::ModelMetrics;
+use crate::{HostTensor, Servable, ServeError};
+
+/// How requests are grouped into batches.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BatcherConfig {
+    /// The most rows one batch holds (and so one request). `1` turns batching off.
+    pub max_batch_size: usize,
+    /// How long the oldest queued request may wait for more to join its batch.
+    pub max_queue_delay: Duration,
+    /// The most requests waiting; one more is answered [`ServeError::Overloaded`].
+    pub queue_capacity: usize,
+}
+
+impl Default for BatcherConfig {
+    /// 32 rows, 2 ms, 1024 requests.
+    fn default() -> Self {
+        Self {
+            max_batch_size: 32,
+            max_queue_delay: Duration::from_millis(2),
+            queue_capacity: 1024,
+        }
+    }
+}
+
+impl BatcherConfig {
+    /// No batching: each request runs alone, as soon as a worker is free.
+    pub fn unbatched() -> Self {
+        Self {
+            max_batch_size: 1,
+            max_queue_delay: Duration::ZERO,
+            ..Self::default()
+        }
+    }
+}
+
+type Reply = oneshot::Sender<Result<HostTensor, ServeError>>;
+
+struct Pending {
+    input: HostTensor,
+    enqueued: Instant,
+    deadline: Option<Instant>,
+    reply: Reply,
+}
+
+struct Queue {
+    pending: VecDeque<Pending>,
+    rows: usize,
+    open: bool,
+}
+
+struct Shared {
+    config: BatcherConfig,
+    queue: Mutex<Queue>,
+    work: Condvar,
+    metrics: ModelMetrics,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // A worker never panics while holding the lock (the model runs outside it).
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A queue of requests served in batches by one worker thread per model replica.
+///
+/// ```
+/// use std::time::Duration;
+/// use burn_serve::{Batcher, BatcherConfig, HostTensor, HostData, Servable, ServeError};
+///
+/// /// Doubles its input.
+/// struct Double;
+/// impl Servable for Double {
+///     fn infer(&mut self, batch: HostTensor) -> Result<HostTensor, ServeError> {
+///         let HostData::F32(values) = batch.data() else { unreachable!() };
+///         let doubled = values.iter().map(|v| v * 2.0).collect();
+///         HostTensor::new(batch.shape().to_vec(), HostData::F32(doubled))
+///     }
+/// }
+///
+/// let config = BatcherConfig { max_batch_size: 8, max_queue_delay: Duration::from_millis(1), queue_capacity: 64 };
+/// let batcher = Batcher::new(config, vec![Double])?;
+/// let tickets: Vec<_> = (0..4)
+///     .map(|i| batcher.submit(HostTensor::f32(1, 2, vec![i as f32, 1.0])?, None))
+///     .collect::<Result<_, _>>()?;
+/// for (i, ticket) in tickets.into_iter().enumerate() {
+///     let out = ticket.wait()?;
+///     assert_eq!(out.data(), &HostData::F32(vec![2.0 * i as f32, 2.0]));
+/// }
+/// batcher.shutdown();
+/// # Ok::<(), ServeError>(())
+/// ```
+pub struct Batcher {
+    shared: Arc<Shared>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("config", &self.shared.config)
+            .field("queued", &self.queue_depth())
+            .finish()
+    }
+}
+
+/// The answer to one submitted request, once its batch has run.
+#[derive(Debug)]
+pub struct Ticket(oneshot::Receiver<Result<HostTensor, ServeError>>);
+
+impl Ticket {
+    /// Blocks until the answer arrives (not from inside an async runtime: use
+    /// [`Ticket::result`] there).
+    pub fn wait(self) -> Result<HostTensor, ServeError> {
+        self.0
+            .blocking_recv()
+            .unwrap_or(Err(ServeError::ShuttingDown))
+    }
+
+    /// Waits for the answer without blocking the async runtime.
+    pub async fn result(self) -> Result<HostTensor, ServeError> {
+        self.0.await.unwrap_or(Err(ServeError::ShuttingDown))
+    }
+}
+
+impl Batcher {
+    /// Starts one worker thread per replica, without metrics.
+    pub fn new<S: Servable>(config: BatcherConfig, replicas: Vec<S>) -> Result<Self, ServeError> {
+        Self::with_metrics(config, replicas, ModelMetrics::default())
+    }
+
+    /// Starts one worker thread per replica, recording batch sizes and compute times in
+    /// `metrics`.
+    pub fn with_metrics<S: Servable>(
+        config: BatcherConfig,
+        replicas: Vec<S>,
+        metrics: ModelMetrics,
+    ) -> Result<Self, ServeError> {
+        if config.max_batch_size == 0 {
+            return Err(ServeError::invalid("max_batch_size", "0 rows"));
+        }
+        if config.queue_capacity == 0 {
+            return Err(ServeError::invalid("queue_capacity", "0 requests"));
+        }
+        if replicas.is_empty() {
+            return Err(ServeError::invalid("replicas", "no model replica to run"));
+        }
+        let shared = Arc::new(Shared {
+            config,
+            queue: Mutex::new(Queue {
+                pending: VecDeque::new(),
+                rows: 0,
+                open: true,
+            }),
+            work: Condvar::new(),
+            metrics,
+        });
+        let workers = replicas
+            .into_iter()
+            .enumerate()
+            .map(|(index, replica)| {
+                let shared = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("burn-serve-worker-{index}"))
+                    .spawn(move || work(&shared, replica))
+                    .map_err(|error| ServeError::Io(format!("cannot start a worker: {error}")))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            shared,
+            workers: Mutex::new(workers),
+        })
+    }
+
+    /// The batching settings.
+    pub fn config(&self) -> &BatcherConfig {
+        &self.shared.config
+    }
+
+    /// Requests waiting for a batch.
+    pub fn queue_depth(&self) -> usize {
+        self.shared.lock().pending.len()
+    }
+
+    /// Queues `input` (`[rows, ...]`). Fails at once when the request has no rows or more than
+    /// `max_batch_size`, the queue is full, or the batcher is shutting down. A request still
+    /// queued at its `deadline` is answered [`ServeError::DeadlineExceeded`] without running.
+    pub fn submit(
+        &self,
+        input: HostTensor,
+        deadline: Option<Instant>,
+    ) -> Result<Ticket, ServeError> {
+        let rows = input.rows();
+        let max = self.shared.config.max_batch_size;
+        if rows == 0 {
+            return Err(ServeError::bad("the request has no rows"));
+        }
+        if rows > max {
+            return Err(ServeError::TooLarge { rows, max });
+        }
+        let (reply, answer) = oneshot::channel();
+        let mut queue = self.shared.lock();
+        if !queue.open {
+            return Err(ServeError::ShuttingDown);
+        }
+        if queue.pending.len() >= self.shared.config.queue_capacity {
+            return Err(ServeError::Overloaded {
+                capacity: self.shared.config.queue_capacity,
+            });
+        }
+        queue.rows += rows;
+        queue.pending.push_back(Pending {
+            input,
+            enqueued: Instant::now(),
+            deadline,
+            reply,
+        });
+        drop(queue);
+        self.shared.work.notify_one();
+        Ok(Ticket(answer))
+    }
+
+    /// Stops accepting requests, lets the workers finish every accepted one, and waits for
+    /// them. Calling it again does nothing.
+    pub fn shutdown(&self) {
+        self.shared.lock().open = false;
+        self.shared.work.notify_all();
+        let workers = std::mem::take(
+            &mut *self
+                .workers
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        for worker in workers {
+            if worker.join().is_err() {
+                tracing::warn!("a burn-serve worker thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Batcher {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// One worker: take a batch, run it on the replica, answer each request with its rows.
+fn work<S: Servable>(shared: &Shared, mut replica: S) {
+    while let Some(batch) = next_batch(shared) {
+        let now = Instant::now();
+        let (live, expired): (Vec<Pending>, Vec<Pending>) = batch
+            .into_iter()
+            .partition(|pending| pending.deadline.is_none_or(|deadline| deadline > now));
+        for pending in expired {
+            let waited_ms = now.duration_since(pending.enqueued).as_secs_f64() * 1e3;
+            let _ = pending
+                .reply
+                .send(Err(ServeError::DeadlineExceeded { waited_ms }));
+        }
+        if live.is_empty() {
+            continue;
+        }
+        let sizes: Vec<usize> = live.iter().map(|pending| pending.input.rows()).collect();
+        let (inputs, replies): (Vec<HostTensor>, Vec<Reply>) = live
+            .into_iter()
+            .map(|pending| (pending.input, pending.reply))
+            .unzip();
+        let rows: usize = sizes.iter().sum();
+        let started = Instant::now();
+        let outputs = HostTensor::concat(inputs).and_then(|batch| {
+            std::panic::catch_unwind(AssertUnwindSafe(|| replica.infer(batch)))
+                .unwrap_or_else(|panic| Err(ServeError::Model(panic_message(&panic))))
+                .and_then(|output| output.split(&sizes))
+        });
+        shared
+            .metrics
+            .observe_batch(rows, started.elapsed().as_secs_f64());
+        if let Some(bytes) = replica.memory_in_use() {
+            shared.metrics.set_memory_in_use(bytes);
+        }
+        match outputs {
+            Ok(outputs) => {
+                for (reply, output) in replies.into_iter().zip(outputs) {
+                    // A client that gave up (timed out, disconnected) dropped its receiver.
+                    let _ = reply.send(Ok(output));
+                }
+            }
+            Err(error) => {
+                tracing::warn!("a batch of {rows} rows failed: {error}");
+                for reply in replies {
+                    let _ = reply.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Waits for a batch: returns once `max_batch_size` rows are queued, the oldest request has
+/// waited `max_queue_delay`, or the batcher is closing (then without waiting). `None` when the
+/// batcher is closed and drained.
+fn next_batch(shared: &Shared) -> Option<Vec<Pending>> {
+    let config = &shared.config;
+    let mut queue = shared.lock();
+    loop {
+        let Some(oldest) = queue.pending.front() else {
+            if !queue.open {
+                return None;
+            }
+            queue = shared
+                .work
+                .wait(queue)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            continue;
+        };
+        let due = oldest.enqueued + config.max_queue_delay;
+        let now = Instant::now();
+        if queue.rows >= config.max_batch_size || now >= due || !queue.open {
+            break;
+        }
+        queue = shared
+            .work
+            .wait_timeout(queue, due - now)
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .0;
+    }
+    let mut batch = Vec::new();
+    let mut rows = 0;
+    while let Some(next) = queue.pending.front() {
+        let next_rows = next.input.rows();
+        if rows + next_rows > config.max_batch_size {
+            break;
+        }
+        rows += next_rows;
+        batch.push(queue.pending.pop_front().expect("front exists"));
+    }
+    queue.rows -= rows;
+    let more = !queue.pending.is_empty();
+    drop(queue);
+    if more {
+        // Another worker may start on what is left.
+        shared.work.notify_one();
+    }
+    Some(batch)
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "the model panicked".to_string())
+}

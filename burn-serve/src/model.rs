@@ -1,0 +1,212 @@
+//! What the server runs: a model's description ([`ModelSpec`]) and its replicas ([`Servable`]),
+//! with [`BurnModel`] adapting any Burn module and forward function.
+
+use std::sync::Arc;
+
+use burn::module::Module;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use burn_memory::DeviceMemory;
+use burn_memory::training::mixed_precision::Materialize;
+use serde::{Deserialize, Serialize};
+
+use crate::{DataType, HostData, HostTensor, ServeError};
+
+/// A named, typed, shaped tensor of a model's signature; `-1` marks a dimension of any size
+/// (the batch).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorSpec {
+    /// The tensor's name in requests and responses.
+    pub name: String,
+    /// Its element type.
+    pub datatype: DataType,
+    /// Its shape, the batch dimension (`-1`) first.
+    pub shape: Vec<i64>,
+}
+
+impl TensorSpec {
+    /// A tensor of rows shaped `row_shape`: `[-1, row_shape...]`.
+    pub fn rows(name: impl Into<String>, datatype: DataType, row_shape: &[usize]) -> Self {
+        let shape = std::iter::once(-1)
+            .chain(row_shape.iter().map(|&dim| dim as i64))
+            .collect();
+        Self {
+            name: name.into(),
+            datatype,
+            shape,
+        }
+    }
+
+    /// The shape of one row: the dimensions after the batch.
+    pub fn row_shape(&self) -> Vec<usize> {
+        self.shape[1..].iter().map(|&dim| dim as usize).collect()
+    }
+}
+
+/// A served model's description: what `GET /v2/models/{name}` returns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    /// The model's name in URLs.
+    pub name: String,
+    /// Its version (the protocol lists versions as strings).
+    pub version: String,
+    /// What runs it, for clients that display it (`burn-flex`, `burn-wgpu`).
+    pub platform: String,
+    /// Its one input.
+    pub input: TensorSpec,
+    /// Its one output.
+    pub output: TensorSpec,
+}
+
+/// One replica of a model, owned by one worker thread: it maps a batch of rows to as many
+/// rows of output.
+pub trait Servable: Send + 'static {
+    /// The output for `batch` (`[rows, ...]`), row `i` for input row `i`.
+    fn infer(&mut self, batch: HostTensor) -> Result<HostTensor, ServeError>;
+
+    /// Device memory in use after the last batch, in bytes, where the replica knows it; the
+    /// server exports it as a metric.
+    fn memory_in_use(&self) -> Option<u64> {
+        None
+    }
+}
+
+type FloatForward<B, M> = dyn Fn(&M, Tensor<B, 2>) -> Tensor<B, 2> + Send + Sync;
+type IntForward<B, M> = dyn Fn(&M, Tensor<B, 2, Int>) -> Tensor<B, 2> + Send + Sync;
+
+enum Forward<B: Backend, M> {
+    Float(Arc<FloatForward<B, M>>),
+    Int(Arc<IntForward<B, M>>),
+}
+
+impl<B: Backend, M> Clone for Forward<B, M> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Float(forward) => Self::Float(Arc::clone(forward)),
+            Self::Int(forward) => Self::Int(Arc::clone(forward)),
+        }
+    }
+}
+
+/// A Burn module served on one device: each row of the request, flattened, is a row of the
+/// `[rows, features]` tensor the forward function receives; the forward returns
+/// `[rows, outputs]`.
+///
+/// ```
+/// use burn::backend::Flex;
+/// use burn::nn::LinearConfig;
+/// use burn_serve::{BurnModel, HostData, HostTensor, Servable};
+///
+/// let device = Default::default();
+/// let layer = LinearConfig::new(4, 2).init::<Flex>(&device);
+/// let mut model = BurnModel::float(layer, device, |layer, x| layer.forward(x));
+/// let out = model.infer(HostTensor::f32(3, 4, vec![0.5; 12]).unwrap()).unwrap();
+/// assert_eq!(out.shape(), &[3, 2]);
+/// ```
+pub struct BurnModel<B: Backend, M> {
+    model: M,
+    device: B::Device,
+    forward: Forward<B, M>,
+    in_use: Option<u64>,
+}
+
+impl<B: Backend, M> std::fmt::Debug for BurnModel<B, M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BurnModel")
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend, M: Module<B>> BurnModel<B, M> {
+    /// A model whose input is `FP32` rows. Its parameters not yet drawn are drawn now, so that
+    /// [`BurnModel::replicas`] share them.
+    pub fn float(
+        model: M,
+        device: B::Device,
+        forward: impl Fn(&M, Tensor<B, 2>) -> Tensor<B, 2> + Send + Sync + 'static,
+    ) -> Self {
+        model.visit(&mut Materialize);
+        Self {
+            model,
+            device,
+            forward: Forward::Float(Arc::new(forward)),
+            in_use: None,
+        }
+    }
+
+    /// A model whose input is `INT64` rows (token ids), drawn as for [`BurnModel::float`].
+    pub fn int(
+        model: M,
+        device: B::Device,
+        forward: impl Fn(&M, Tensor<B, 2, Int>) -> Tensor<B, 2> + Send + Sync + 'static,
+    ) -> Self {
+        model.visit(&mut Materialize);
+        Self {
+            model,
+            device,
+            forward: Forward::Int(Arc::new(forward)),
+            in_use: None,
+        }
+    }
+
+    /// One replica per device (the module forked to each): give them all to one
+    /// [`crate::Batcher`] to run a worker per device.
+    pub fn replicas(&self, devices: &[B::Device]) -> Vec<Self> {
+        devices
+            .iter()
+            .map(|device| Self {
+                model: self.model.clone().fork(device),
+                device: device.clone(),
+                forward: self.forward.clone(),
+                in_use: None,
+            })
+            .collect()
+    }
+}
+
+impl<B, M> Servable for BurnModel<B, M>
+where
+    B: DeviceMemory,
+    M: Module<B> + 'static,
+{
+    fn infer(&mut self, batch: HostTensor) -> Result<HostTensor, ServeError> {
+        let rows = batch.rows();
+        let shape = [rows, batch.row_len()];
+        let output = match (&self.forward, batch.into_data()) {
+            (Forward::Float(forward), HostData::F32(values)) => {
+                let x = Tensor::from_data(TensorData::new(values, shape), &self.device);
+                forward(&self.model, x)
+            }
+            (Forward::Int(forward), HostData::I64(values)) => {
+                let x = Tensor::from_data(TensorData::new(values, shape), &self.device);
+                forward(&self.model, x)
+            }
+            (Forward::Float(_), data) | (Forward::Int(_), data) => {
+                return Err(ServeError::bad(format!(
+                    "the model does not take {} input",
+                    data.data_type().name()
+                )));
+            }
+        };
+        let [out_rows, cols] = output.dims();
+        if out_rows != rows {
+            return Err(ServeError::Model(format!(
+                "the forward returned {out_rows} rows for {rows}"
+            )));
+        }
+        let values = output
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .map_err(|error| ServeError::Model(format!("{error:?}")))?;
+        self.in_use = B::memory_usage(&self.device, B::current_stream())
+            .ok()
+            .map(|usage| usage.in_use);
+        HostTensor::f32(rows, cols, values)
+    }
+
+    fn memory_in_use(&self) -> Option<u64> {
+        self.in_use
+    }
+}

@@ -1,0 +1,300 @@
+//! The Open Inference Protocol's (KServe v2, Triton) JSON messages, and their conversion to
+//! and from [`HostTensor`]s.
+//!
+//! Tensor data may be flat (row-major) or nested as the shape; the server answers flat, as
+//! the protocol's examples do. Only the JSON encoding is supported (not the binary-data
+//! extension).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{DataType, HostData, HostTensor, ModelSpec, ServeError, TensorSpec};
+
+/// A tensor as the protocol writes it in requests (`inputs`) and responses (`outputs`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JsonTensor {
+    /// The tensor's name.
+    pub name: String,
+    /// Its shape.
+    pub shape: Vec<u64>,
+    /// Its element type's name (`FP32`, `INT64`, …).
+    pub datatype: String,
+    /// Optional parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+    /// The elements, flat in row-major order or nested as the shape.
+    pub data: Value,
+}
+
+/// `POST /v2/models/{name}/infer`'s body.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InferRequest {
+    /// An identifier the response repeats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Optional parameters; `timeout` (microseconds, Triton's name) sets the request's
+    /// deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+    /// The input tensors.
+    pub inputs: Vec<JsonTensor>,
+    /// The outputs asked for (all when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<Vec<RequestedOutput>>,
+}
+
+/// An output a request asks for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RequestedOutput {
+    /// The output's name.
+    pub name: String,
+    /// Optional parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+}
+
+/// The answer to an inference request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InferResponse {
+    /// The model that answered.
+    pub model_name: String,
+    /// Its version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_version: Option<String>,
+    /// The request's identifier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Optional parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+    /// The output tensors.
+    pub outputs: Vec<JsonTensor>,
+}
+
+/// A tensor of a model's signature, in model metadata.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataTensor {
+    /// The tensor's name.
+    pub name: String,
+    /// Its element type's name.
+    pub datatype: String,
+    /// Its shape; `-1` for a dimension of any size.
+    pub shape: Vec<i64>,
+}
+
+/// `GET /v2/models/{name}`'s answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelMetadata {
+    /// The model's name.
+    pub name: String,
+    /// Its versions.
+    pub versions: Vec<String>,
+    /// What runs it.
+    pub platform: String,
+    /// Its inputs.
+    pub inputs: Vec<MetadataTensor>,
+    /// Its outputs.
+    pub outputs: Vec<MetadataTensor>,
+}
+
+/// `GET /v2`'s answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerMetadata {
+    /// The server's name.
+    pub name: String,
+    /// Its version.
+    pub version: String,
+    /// The protocol extensions it supports (none).
+    pub extensions: Vec<String>,
+}
+
+/// The body of every error answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    /// What went wrong.
+    pub error: String,
+}
+
+impl From<&TensorSpec> for MetadataTensor {
+    fn from(spec: &TensorSpec) -> Self {
+        Self {
+            name: spec.name.clone(),
+            datatype: spec.datatype.name().to_string(),
+            shape: spec.shape.clone(),
+        }
+    }
+}
+
+impl From<&ModelSpec> for ModelMetadata {
+    fn from(spec: &ModelSpec) -> Self {
+        Self {
+            name: spec.name.clone(),
+            versions: vec![spec.version.clone()],
+            platform: spec.platform.clone(),
+            inputs: vec![MetadataTensor::from(&spec.input)],
+            outputs: vec![MetadataTensor::from(&spec.output)],
+        }
+    }
+}
+
+impl JsonTensor {
+    /// The tensor named `name` holding `tensor`, with flat data.
+    pub fn from_host(name: impl Into<String>, tensor: &HostTensor) -> Self {
+        let data = match tensor.data() {
+            HostData::F32(values) => {
+                Value::Array(values.iter().map(|&v| Value::from(f64::from(v))).collect())
+            }
+            HostData::I64(values) => Value::Array(values.iter().map(|&v| Value::from(v)).collect()),
+        };
+        Self {
+            name: name.into(),
+            shape: tensor.shape().iter().map(|&dim| dim as u64).collect(),
+            datatype: tensor.data_type().name().to_string(),
+            parameters: None,
+            data,
+        }
+    }
+
+    /// The tensor's elements, checked against its own shape and data type: flat or nested data,
+    /// numbers of the data type only.
+    pub fn to_host(&self) -> Result<HostTensor, ServeError> {
+        let name = &self.name;
+        let datatype = match self.datatype.as_str() {
+            "FP32" => DataType::Fp32,
+            "INT64" => DataType::Int64,
+            other => {
+                return Err(ServeError::bad(format!(
+                    "tensor '{name}' has datatype '{other}'; FP32 and INT64 are supported"
+                )));
+            }
+        };
+        let shape: Vec<usize> = self
+            .shape
+            .iter()
+            .map(|&dim| usize::try_from(dim))
+            .collect::<Result<_, _>>()
+            .map_err(|_| ServeError::bad(format!("tensor '{name}': a dimension is too large")))?;
+        let mut leaves = Vec::new();
+        flatten(&self.data, &mut leaves, 0)
+            .map_err(|message| ServeError::bad(format!("tensor '{name}': {message}")))?;
+        let element = |index: usize, value: &Value| {
+            ServeError::bad(format!(
+                "tensor '{name}': element {index} is {value}, not {}",
+                datatype.name()
+            ))
+        };
+        let data = match datatype {
+            DataType::Fp32 => HostData::F32(
+                leaves
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        v.as_f64()
+                            .filter(|x| x.abs() <= f64::from(f32::MAX))
+                            .map(|x| x as f32)
+                            .ok_or_else(|| element(i, v))
+                    })
+                    .collect::<Result<_, _>>()?,
+            ),
+            DataType::Int64 => HostData::I64(
+                leaves
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v.as_i64().ok_or_else(|| element(i, v)))
+                    .collect::<Result<_, _>>()?,
+            ),
+        };
+        HostTensor::new(shape, data)
+            .map_err(|error| ServeError::bad(format!("tensor '{name}': {error}")))
+    }
+
+    /// The tensor checked against the model's input: its name, data type and row shape.
+    pub fn to_input(&self, spec: &TensorSpec) -> Result<HostTensor, ServeError> {
+        if self.name != spec.name {
+            return Err(ServeError::bad(format!(
+                "unknown input '{}': the model's input is '{}'",
+                self.name, spec.name
+            )));
+        }
+        if self.datatype != spec.datatype.name() {
+            return Err(ServeError::bad(format!(
+                "input '{}' has datatype {}; the model takes {}",
+                self.name,
+                self.datatype,
+                spec.datatype.name()
+            )));
+        }
+        let row_shape = spec.row_shape();
+        if self.shape.len() != spec.shape.len()
+            || self.shape[1..]
+                .iter()
+                .zip(&row_shape)
+                .any(|(&got, &want)| got != want as u64)
+        {
+            return Err(ServeError::bad(format!(
+                "input '{}' has shape {:?}; the model takes {:?}",
+                self.name, self.shape, spec.shape
+            )));
+        }
+        self.to_host()
+    }
+}
+
+/// Nesting deeper than this is refused (a shape has at most a few dimensions).
+const MAX_DEPTH: usize = 32;
+
+fn flatten<'a>(value: &'a Value, out: &mut Vec<&'a Value>, depth: usize) -> Result<(), String> {
+    match value {
+        Value::Array(items) if depth < MAX_DEPTH => {
+            for item in items {
+                flatten(item, out, depth + 1)?;
+            }
+            Ok(())
+        }
+        Value::Array(_) => Err(format!("data nested deeper than {MAX_DEPTH}")),
+        Value::Number(_) if depth > 0 => {
+            out.push(value);
+            Ok(())
+        }
+        _ if depth == 0 => Err("data must be an array".to_string()),
+        other => Err(format!("element {other} is not a number")),
+    }
+}
+
+impl InferRequest {
+    /// The one input, checked against the model; the outputs asked for must be the model's.
+    pub fn input_for(&self, spec: &ModelSpec) -> Result<HostTensor, ServeError> {
+        let [input] = self.inputs.as_slice() else {
+            return Err(ServeError::bad(format!(
+                "the request has {} inputs; model '{}' takes one, '{}'",
+                self.inputs.len(),
+                spec.name,
+                spec.input.name
+            )));
+        };
+        if let Some(unknown) = self
+            .outputs
+            .iter()
+            .flatten()
+            .find(|output| output.name != spec.output.name)
+        {
+            return Err(ServeError::bad(format!(
+                "unknown output '{}': the model's output is '{}'",
+                unknown.name, spec.output.name
+            )));
+        }
+        input.to_input(&spec.input)
+    }
+
+    /// The deadline the request asks for, in microseconds (`parameters.timeout`).
+    pub fn timeout_micros(&self) -> Result<Option<u64>, ServeError> {
+        match self.parameters.as_ref().and_then(|p| p.get("timeout")) {
+            None => Ok(None),
+            Some(value) => value.as_u64().map(Some).ok_or_else(|| {
+                ServeError::bad(format!(
+                    "parameter 'timeout' is {value}; it must be whole microseconds"
+                ))
+            }),
+        }
+    }
+}
