@@ -90,6 +90,11 @@ impl Client {
         Ok(Answer { status, body })
     }
 
+    /// `POST path` with a JSON `body`.
+    pub async fn post(&mut self, path: &str, body: Vec<u8>) -> Result<Answer, ServeError> {
+        self.send(Method::POST, path, body).await
+    }
+
     /// `GET path`.
     pub async fn get(&mut self, path: &str) -> Result<Answer, ServeError> {
         self.send(Method::GET, path, Vec::new()).await

@@ -71,6 +71,17 @@ pub trait Servable: Send + 'static {
     }
 }
 
+/// Replicas of different types behind one batcher (a model and its `int8` copy, say).
+impl Servable for Box<dyn Servable> {
+    fn infer(&mut self, batch: HostTensor) -> Result<HostTensor, ServeError> {
+        (**self).infer(batch)
+    }
+
+    fn memory_in_use(&self) -> Option<u64> {
+        (**self).memory_in_use()
+    }
+}
+
 type FloatForward<B, M> = dyn Fn(&M, Tensor<B, 2>) -> Tensor<B, 2> + Send + Sync;
 type IntForward<B, M> = dyn Fn(&M, Tensor<B, 2, Int>) -> Tensor<B, 2> + Send + Sync;
 

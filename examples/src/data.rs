@@ -9,9 +9,10 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::mnist::Mnist;
 
-/// Mean and standard deviation of MNIST pixels scaled to `[0, 1]`, the usual normalisation.
-const MEAN: f32 = 0.1307;
-const STD: f32 = 0.3081;
+/// The mean of MNIST pixels scaled to `[0, 1]` ([`DigitBatcher`] subtracts it).
+pub const MEAN: f32 = 0.1307;
+/// Their standard deviation ([`DigitBatcher`] divides by it).
+pub const STD: f32 = 0.3081;
 
 /// One digit: its pixels (row-major bytes) and its label.
 #[derive(Debug, Clone)]

@@ -11,4 +11,5 @@ pub mod mnist;
 pub mod parallel;
 pub mod profile_args;
 pub mod progress;
+pub mod serve;
 pub mod training;

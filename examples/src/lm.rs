@@ -309,6 +309,17 @@ impl<B: SketchBackend> TransformerLm<B> {
             )
     }
 
+    /// The next character's logits `[batch, vocab]` after each sequence of `tokens`
+    /// `[batch, seq]` (what the serving example answers).
+    pub fn next_logits(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+        let [batch, seq] = tokens.dims();
+        let hidden = self.num_layers_forward(self.embed(tokens));
+        let last = hidden.slice([0..batch, seq - 1..seq]);
+        let logits = self.head.forward(self.norm.forward(last));
+        let vocab = logits.dims()[2];
+        logits.reshape([batch, vocab])
+    }
+
     /// The whole model's loss on a batch.
     pub fn forward_loss(&self, batch: &Batch<B>) -> Tensor<B, 1> {
         let hidden = self.num_layers_forward(self.embed(batch.inputs.clone()));

@@ -1,0 +1,359 @@
+//! Serves the MNIST classifier (and, with `--lm`, the character language model) over the Open
+//! Inference Protocol (KServe v2, Triton), with dynamic batching and Prometheus metrics; and
+//! measures it.
+//!
+//! ```text
+//! cargo run --release -p examples --example serve -- --port 8000
+//! curl localhost:8000/v2/models/mnist                      # metadata
+//! curl localhost:8000/metrics                              # Prometheus
+//! cargo run --release -p examples --example serve -- --bench        # batched against unbatched
+//! cargo run --release -p examples --example serve -- --mixed 10000  # good and bad requests
+//! cargo run --release -p examples --example serve -- --load 127.0.0.1:8000   # another server
+//! ```
+//!
+//! Without `--checkpoint` the classifier is the one trained before in `--dir` (default
+//! `target/serve`), or is trained now (`--epochs`, as `train_mnist` trains it) and saved there
+//! as a Burnpack file, which serving reads memory-mapped. `--checkpoint` takes such a `.bpk`
+//! file or a `train_mnist` run directory (`target/train_mnist/sketched`). `--int8` serves it
+//! with `int8` weights.
+//!
+//! `--bench` starts the server twice on loopback, without batching and with it, and sends
+//! single-digit requests from 1 to 64 concurrent users (`--concurrency`), each level bounded by
+//! `--requests` and `--seconds`: a table per server, `--plot` (PNG) and `--json`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use burn::backend::Flex;
+use burn::data::dataset::Dataset;
+use burn::tensor::{Tensor, TensorData};
+use burn_memory::{CountingAllocator, DeviceMemory};
+use burn_serve::protocol::JsonTensor;
+use burn_serve::{BatcherConfig, BurnModel, HostTensor, Servable, Server, ServerConfig};
+use clap::Parser;
+use examples::data::{DigitDataset, MEAN, STD};
+use examples::mnist::Mnist;
+use examples::serve::load::{self, Level, LoadConfig};
+use examples::serve::mixed::{self, Sample};
+use examples::serve::{MNIST_PIXELS, charlm_model, charlm_spec, mnist_model, mnist_spec};
+use serde::Serialize;
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator::system();
+
+#[derive(Debug, Parser)]
+#[command(about = "Serve the MNIST classifier over the Open Inference Protocol, and measure it")]
+struct Args {
+    /// The port to serve on.
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// The address to serve on (`0.0.0.0` for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: std::net::IpAddr,
+    /// A classifier checkpoint: a `.bpk` file (with its `.json` configuration beside it) or a
+    /// `train_mnist` run directory.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Where trained models are kept.
+    #[arg(long, default_value = "target/serve")]
+    dir: PathBuf,
+    /// Epochs when the classifier has to be trained first.
+    #[arg(long, default_value_t = 2)]
+    epochs: usize,
+    /// Serve the classifier with `int8` weights.
+    #[arg(long)]
+    int8: bool,
+    /// Also serve the character language model as `charlm`.
+    #[arg(long)]
+    lm: bool,
+    /// A language-model checkpoint (`.bpk` with its `.json`).
+    #[arg(long)]
+    lm_checkpoint: Option<PathBuf>,
+    /// Training steps when the language model has to be trained first.
+    #[arg(long, default_value_t = 300)]
+    lm_steps: usize,
+    /// A text to train the language model on instead of Debian's `fortunes`.
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// The most rows per batch (1: no batching).
+    #[arg(long, default_value_t = 32)]
+    max_batch_size: usize,
+    /// How long the oldest request may wait for its batch to fill, in microseconds.
+    #[arg(long, default_value_t = 2000)]
+    max_queue_delay_us: u64,
+    /// Requests that may wait; one more is answered 503.
+    #[arg(long, default_value_t = 1024)]
+    queue_capacity: usize,
+    /// Model replicas, one worker thread each.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// The deadline of a request that sets none, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    timeout_ms: u64,
+    /// Measure batched against unbatched serving instead of serving.
+    #[arg(long)]
+    bench: bool,
+    /// Send this many mixed good and bad requests to a server of its own instead of serving.
+    #[arg(long, value_name = "N")]
+    mixed: Option<usize>,
+    /// Measure the server already running at this loopback address instead of serving.
+    #[arg(long, value_name = "ADDR")]
+    load: Option<SocketAddr>,
+    /// The model `--load` sends to (single digits for `mnist`).
+    #[arg(long, default_value = "mnist")]
+    model: String,
+    /// Concurrency levels of `--bench` and `--load`.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64])]
+    concurrency: Vec<usize>,
+    /// Measured requests per level.
+    #[arg(long, default_value_t = 3000)]
+    requests: usize,
+    /// Time limit per level, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Where `--bench` draws its curves.
+    #[arg(long, default_value = "target/serve/latency.png")]
+    plot: PathBuf,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// The classifier as served: pixels in `[0, 1]`, normalised as in training, then the MLP.
+fn classifier(args: &Args) -> anyhow::Result<(Vec<Box<dyn Servable>>, ModelForward)> {
+    let (mlp, config) = mnist_model(args.checkpoint.as_deref(), &args.dir, args.epochs)?;
+    println!("classifier: {}", examples::training::describe(&config));
+    let device = Default::default();
+    let devices = vec![device; args.workers.max(1)];
+    if args.int8 {
+        let int8 = mlp.to_int8();
+        let reference = int8.clone();
+        let model = BurnModel::float(int8, device, |m, x| m.forward((x - MEAN) / STD));
+        let replicas = model.replicas(&devices).into_iter().map(|r| Box::new(r) as Box<dyn Servable>).collect();
+        Ok((replicas, Box::new(move |x| reference.forward((x - MEAN) / STD))))
+    } else {
+        let reference = mlp.clone();
+        let model = BurnModel::float(mlp, device, |m, x| m.forward((x - MEAN) / STD));
+        let replicas = model.replicas(&devices).into_iter().map(|r| Box::new(r) as Box<dyn Servable>).collect();
+        Ok((replicas, Box::new(move |x| reference.forward((x - MEAN) / STD))))
+    }
+}
+
+type ModelForward = Box<dyn Fn(Tensor<Flex, 2>) -> Tensor<Flex, 2>>;
+
+fn batching(args: &Args) -> BatcherConfig {
+    BatcherConfig {
+        max_batch_size: args.max_batch_size,
+        max_queue_delay: Duration::from_micros(args.max_queue_delay_us),
+        queue_capacity: args.queue_capacity,
+    }
+}
+
+fn server(args: &Args, replicas: Vec<Box<dyn Servable>>, batching: BatcherConfig) -> anyhow::Result<Server> {
+    let mut server = Server::new(ServerConfig {
+        request_timeout: Some(Duration::from_millis(args.timeout_ms)),
+        ..ServerConfig::default()
+    });
+    server.add_model(mnist_spec(platform(args)), batching, replicas)?;
+    Ok(server)
+}
+
+fn platform(args: &Args) -> &'static str {
+    if args.int8 { "burn-flex-int8" } else { "burn-flex" }
+}
+
+/// Test digits as pixel rows in `[0, 1]`.
+fn digits(count: usize) -> anyhow::Result<Vec<Vec<f32>>> {
+    let test = DigitDataset::new(Mnist::read(&Mnist::embedded_dir(), "t10k")?);
+    Ok((0..count.min(test.len()))
+        .filter_map(|i| test.get(i))
+        .map(|d| d.pixels.iter().map(|&p| p as f32 / 255.0).collect())
+        .collect())
+}
+
+fn request_body(rows: &[Vec<f32>]) -> anyhow::Result<(Vec<u8>, HostTensor)> {
+    let input = HostTensor::f32(rows.len(), MNIST_PIXELS, rows.concat())?;
+    let body = serde_json::json!({"inputs": [JsonTensor::from_host("input", &input)]});
+    Ok((serde_json::to_vec(&body)?, input))
+}
+
+#[derive(Serialize)]
+struct BenchReport {
+    unbatched: Vec<Level>,
+    batched: Vec<Level>,
+    batching: BatcherConfig,
+    batch_compute_ms: f64,
+    speedup_at_32: Option<f64>,
+    p99_bound_ms: f64,
+}
+
+fn bench(args: &Args) -> anyhow::Result<()> {
+    let digits = digits(256)?;
+    let payloads = Arc::new(
+        digits
+            .iter()
+            .map(|d| request_body(std::slice::from_ref(d)).map(|(body, _)| body))
+            .collect::<anyhow::Result<Vec<_>>>()?,
+    );
+    let config = LoadConfig {
+        model: "mnist".into(),
+        requests: args.requests,
+        seconds: args.seconds,
+        warmup: 200,
+    };
+    // One batch's compute, measured directly: the median of 50 forwards of a full batch.
+    let (_, forward) = classifier(args)?;
+    let device = Default::default();
+    let rows = args.max_batch_size;
+    let x = Tensor::<Flex, 2>::from_data(TensorData::new(digits[..rows.min(digits.len())].concat(), [rows.min(digits.len()), MNIST_PIXELS]), &device);
+    let mut times: Vec<f64> = (0..50)
+        .map(|_| {
+            let start = Instant::now();
+            let _ = forward(x.clone()).into_data();
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let batch_compute_ms = times[25];
+
+    let mut results = Vec::new();
+    for (name, batching) in [("unbatched", BatcherConfig::unbatched()), ("batched", batching(args))] {
+        let (replicas, _) = classifier(args)?;
+        let running = server(args, replicas, batching.clone())?.start("127.0.0.1:0".parse()?)?;
+        println!(
+            "\n{name}: max_batch_size {}, max_queue_delay {:?}, {} worker(s)",
+            batching.max_batch_size, batching.max_queue_delay, args.workers
+        );
+        let levels = load::run(running.addr(), &config, Arc::clone(&payloads), &args.concurrency, |level| {
+            println!(
+                "  concurrency {:>3}: {:>7.0} requests/s, p50 {:.2} ms, p99 {:.2} ms, {:.1} rows/batch",
+                level.concurrency, level.throughput, level.p50_ms, level.p99_ms, level.mean_batch
+            )
+        })?;
+        running.shutdown()?;
+        results.push((name, levels));
+    }
+    let (unbatched, batched) = (results[0].1.clone(), results[1].1.clone());
+    println!();
+    println!("{}", load::table("without batching", &unbatched));
+    println!("{}", load::table("with batching", &batched));
+    let at = |levels: &[Level], c: usize| levels.iter().find(|l| l.concurrency == c).cloned();
+    let speedup_at_32 = at(&batched, 32).zip(at(&unbatched, 32)).map(|(b, u)| b.throughput / u.throughput);
+    let p99_bound_ms = 2.0 * args.max_queue_delay_us as f64 / 1e3 + batch_compute_ms;
+    println!("one batch of {rows} rows: {batch_compute_ms:.2} ms (median of 50 direct forwards)");
+    if let (Some(speedup), Some(b)) = (speedup_at_32, at(&batched, 32)) {
+        println!(
+            "at concurrency 32: batched throughput {speedup:.2}× unbatched (target ≥ 5×); p99 {:.2} ms against 2 × max_queue_delay + one batch = {p99_bound_ms:.2} ms",
+            b.p99_ms
+        );
+    }
+    load::plot(&[("without batching", &unbatched), ("with batching", &batched)], &args.plot)?;
+    println!("curves: {}", args.plot.display());
+    if let Some(path) = &args.json {
+        let report = BenchReport { unbatched, batched, batching: batching(args), batch_compute_ms, speedup_at_32, p99_bound_ms };
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+        println!("json: {}", path.display());
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct MixedRun {
+    report: mixed::MixedReport,
+    heap_after_warmup: u64,
+    heap_after: u64,
+    resident_after_warmup: u64,
+    resident_after: u64,
+}
+
+fn mixed_run(args: &Args, total: usize) -> anyhow::Result<()> {
+    let (replicas, forward) = classifier(args)?;
+    let device = Default::default();
+    let digits = digits(64)?;
+    let samples: Vec<Sample> = (0..64)
+        .map(|i| {
+            let rows: Vec<Vec<f32>> = (0..1 + i % 4).map(|j| digits[(i + j) % digits.len()].clone()).collect();
+            let (_, input) = request_body(&rows)?;
+            let x = Tensor::<Flex, 2>::from_data(TensorData::new(rows.concat(), [rows.len(), MNIST_PIXELS]), &device);
+            let expected = forward(x).into_data().to_vec::<f32>().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            Ok(Sample { input, expected })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let samples = Arc::new(samples);
+    let running = server(args, replicas, batching(args))?.start("127.0.0.1:0".parse()?)?;
+    let usage = || Flex::memory_usage(&device, Flex::current_stream());
+    let run = |n| mixed::run(running.addr(), "mnist", "input", MNIST_PIXELS, args.max_batch_size, Arc::clone(&samples), n, 16);
+    // A warm-up, so that the allocator's and the runtime's steady state is the baseline.
+    run(1000)?;
+    let warm = usage()?;
+    let report = run(total)?;
+    let after = usage()?;
+    running.shutdown()?;
+    println!("{total} mixed requests from 16 connections in {:.1} s:", report.seconds);
+    println!("| kind | sent | answered as expected |\n|---|---:|---:|");
+    for kind in &report.kinds {
+        println!("| {:?} | {} | {} |", kind.kind, kind.sent, kind.as_expected);
+    }
+    for why in &report.unexpected {
+        println!("unexpected: {why}");
+    }
+    let mb = |b: u64| b as f64 / 1e6;
+    println!(
+        "heap in use {:.1} MB after the warm-up, {:.1} MB after the run; resident {:.1} MB, {:.1} MB",
+        mb(warm.in_use), mb(after.in_use), mb(warm.reserved), mb(after.reserved)
+    );
+    if let Some(path) = &args.json {
+        let run = MixedRun { report, heap_after_warmup: warm.in_use, heap_after: after.in_use, resident_after_warmup: warm.reserved, resident_after: after.reserved };
+        std::fs::write(path, serde_json::to_string_pretty(&run)?)?;
+    }
+    Ok(())
+}
+
+fn serve(args: &Args) -> anyhow::Result<()> {
+    let (replicas, _) = classifier(args)?;
+    let mut server = server(args, replicas, batching(args))?;
+    if args.lm {
+        let (lm, config) = charlm_model(args.lm_checkpoint.as_deref(), &args.dir, args.lm_steps, args.text.as_deref())
+            .context("the language model")?;
+        let device = Default::default();
+        let model = BurnModel::int(lm, device, |m, tokens| m.next_logits(tokens));
+        let replicas: Vec<Box<dyn Servable>> = model.replicas(&vec![device; args.workers.max(1)]).into_iter().map(|r| Box::new(r) as Box<dyn Servable>).collect();
+        server.add_model(charlm_spec("burn-flex", config.context), batching(args), replicas)?;
+    }
+    let running = server.start(SocketAddr::new(args.host, args.port))?;
+    let addr = running.addr();
+    println!("serving on http://{addr} (Ctrl-C stops after answering the requests received)");
+    println!("  curl http://{addr}/v2/models/mnist");
+    println!("  curl http://{addr}/metrics");
+    println!(
+        "  curl -d '{{\"inputs\":[{{\"name\":\"input\",\"shape\":[1,784],\"datatype\":\"FP32\",\"data\":[{}]}}]}}' http://{addr}/v2/models/mnist/infer",
+        vec!["0"; MNIST_PIXELS].join(",")
+            .chars().take(20).collect::<String>() + ",...784 values"
+    );
+    running.wait_for_ctrl_c()?;
+    println!("stopped");
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.bench {
+        bench(&args)
+    } else if let Some(total) = args.mixed {
+        mixed_run(&args, total)
+    } else if let Some(addr) = args.load {
+        let payloads = Arc::new(digits(256)?.iter().map(|d| request_body(std::slice::from_ref(d)).map(|(b, _)| b)).collect::<anyhow::Result<Vec<_>>>()?);
+        let config = LoadConfig { model: args.model.clone(), requests: args.requests, seconds: args.seconds, warmup: 200 };
+        let levels = load::run(addr, &config, payloads, &args.concurrency, |_| {})?;
+        println!("{}", load::table(&format!("{addr} model {}", args.model), &levels));
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_string_pretty(&levels)?)?;
+        }
+        Ok(())
+    } else {
+        serve(&args)
+    }
+}
