@@ -9,8 +9,11 @@ use hyper::client::conn::http1;
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 
-use crate::ServeError;
-use crate::protocol::{ErrorResponse, InferRequest, InferResponse};
+use crate::protocol::{
+    ErrorResponse, HEADER_LENGTH, InferRequest, InferResponse, JsonTensor, binary_body,
+    host_tensors, split_body,
+};
+use crate::{HostTensor, ServeError};
 
 /// An HTTP answer: status and body.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,6 +22,8 @@ pub struct Answer {
     pub status: u16,
     /// The body.
     pub body: Bytes,
+    /// The JSON part's length, when the body carries binary tensor data.
+    pub header_length: Option<usize>,
 }
 
 impl Answer {
@@ -65,14 +70,31 @@ impl Client {
         path: &str,
         body: Vec<u8>,
     ) -> Result<Answer, ServeError> {
+        self.send_with(method, path, body, None).await
+    }
+
+    /// [`Client::send`] with binary tensor data: `header_length` is the JSON part's length.
+    pub async fn send_with(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+        header_length: Option<usize>,
+    ) -> Result<Answer, ServeError> {
         if self.sender.is_closed() || self.sender.ready().await.is_err() {
             *self = Self::connect(self.addr).await?;
         }
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(method)
             .uri(path)
-            .header(hyper::header::HOST, self.addr.to_string())
-            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(hyper::header::HOST, self.addr.to_string());
+        request = match header_length {
+            Some(length) => request
+                .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
+                .header(HEADER_LENGTH, length),
+            None => request.header(hyper::header::CONTENT_TYPE, "application/json"),
+        };
+        let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|error| ServeError::Io(error.to_string()))?;
         let response = self
@@ -81,13 +103,22 @@ impl Client {
             .await
             .map_err(|error| ServeError::Io(error.to_string()))?;
         let status = response.status().as_u16();
+        let header_length = response
+            .headers()
+            .get(HEADER_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
         let body = response
             .into_body()
             .collect()
             .await
             .map_err(|error| ServeError::Io(error.to_string()))?
             .to_bytes();
-        Ok(Answer { status, body })
+        Ok(Answer {
+            status,
+            body,
+            header_length,
+        })
     }
 
     /// `POST path` with a JSON `body`.
@@ -100,8 +131,8 @@ impl Client {
         self.send(Method::GET, path, Vec::new()).await
     }
 
-    /// Runs `request` on `model`; an error answer becomes a [`ServeError`] carrying the
-    /// server's message.
+    /// Runs `request` on `model`, in JSON; an error answer becomes a [`ServeError`] carrying
+    /// the server's message.
     pub async fn infer(
         &mut self,
         model: &str,
@@ -112,6 +143,34 @@ impl Client {
         let answer = self
             .send(Method::POST, &format!("/v2/models/{model}/infer"), body)
             .await?;
+        Self::response(answer).map(|(response, _)| response)
+    }
+
+    /// Runs `input` (named `input_name`) on `model` with binary tensor data both ways, as
+    /// Triton's clients do; the outputs come back decoded.
+    pub async fn infer_binary(
+        &mut self,
+        model: &str,
+        input_name: &str,
+        input: &HostTensor,
+    ) -> Result<(InferResponse, Vec<HostTensor>), ServeError> {
+        let (tensor, bytes) = JsonTensor::binary_from_host(input_name, input);
+        let request = InferRequest {
+            id: None,
+            parameters: Some(serde_json::json!({ "binary_data_output": true })),
+            inputs: vec![tensor],
+            outputs: None,
+        };
+        let (body, length) = binary_body(&request, &[bytes]);
+        let path = format!("/v2/models/{model}/infer");
+        let answer = self
+            .send_with(Method::POST, &path, body, Some(length))
+            .await?;
+        Self::response(answer)
+    }
+
+    /// An answer's response and its outputs (JSON or binary), or the error it carries.
+    fn response(answer: Answer) -> Result<(InferResponse, Vec<HostTensor>), ServeError> {
         if answer.status != 200 {
             let message = answer.error().unwrap_or_default();
             return Err(match answer.status {
@@ -124,7 +183,13 @@ impl Client {
                 _ => ServeError::Model(message),
             });
         }
-        serde_json::from_slice(&answer.body)
-            .map_err(|error| ServeError::Model(format!("unreadable response: {error}")))
+        let unreadable = |error: String| ServeError::Model(format!("unreadable response: {error}"));
+        let (json, binary) = split_body(&answer.body, answer.header_length)
+            .map_err(|error| unreadable(error.to_string()))?;
+        let response: InferResponse =
+            serde_json::from_slice(json).map_err(|error| unreadable(error.to_string()))?;
+        let outputs = host_tensors(&response.outputs, binary)
+            .map_err(|error| unreadable(error.to_string()))?;
+        Ok((response, outputs))
     }
 }

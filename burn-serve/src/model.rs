@@ -119,7 +119,13 @@ pub struct BurnModel<B: Backend, M> {
     device: B::Device,
     forward: Forward<B, M>,
     in_use: Option<u64>,
+    /// When memory was last read: at most every [`MEMORY_PERIOD`], as a reading costs a system
+    /// call on CPU backends.
+    read_at: Option<std::time::Instant>,
 }
+
+/// How often a replica reads its device's memory for the metrics.
+const MEMORY_PERIOD: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl<B: Backend, M> std::fmt::Debug for BurnModel<B, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -143,6 +149,7 @@ impl<B: Backend, M: Module<B>> BurnModel<B, M> {
             device,
             forward: Forward::Float(Arc::new(forward)),
             in_use: None,
+            read_at: None,
         }
     }
 
@@ -158,6 +165,7 @@ impl<B: Backend, M: Module<B>> BurnModel<B, M> {
             device,
             forward: Forward::Int(Arc::new(forward)),
             in_use: None,
+            read_at: None,
         }
     }
 
@@ -171,6 +179,7 @@ impl<B: Backend, M: Module<B>> BurnModel<B, M> {
                 device: device.clone(),
                 forward: self.forward.clone(),
                 in_use: None,
+                read_at: None,
             })
             .collect()
     }
@@ -211,9 +220,12 @@ where
             .convert::<f32>()
             .into_vec::<f32>()
             .map_err(|error| ServeError::Model(format!("{error:?}")))?;
-        self.in_use = B::memory_usage(&self.device, B::current_stream())
-            .ok()
-            .map(|usage| usage.in_use);
+        if self.read_at.is_none_or(|at| at.elapsed() >= MEMORY_PERIOD) {
+            self.in_use = B::memory_usage(&self.device, B::current_stream())
+                .ok()
+                .map(|usage| usage.in_use);
+            self.read_at = Some(std::time::Instant::now());
+        }
         HostTensor::f32(rows, cols, values)
     }
 

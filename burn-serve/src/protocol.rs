@@ -2,8 +2,10 @@
 //! and from [`HostTensor`]s.
 //!
 //! Tensor data may be flat (row-major) or nested as the shape; the server answers flat, as
-//! the protocol's examples do. Only the JSON encoding is supported (not the binary-data
-//! extension).
+//! the protocol's examples do. The binary tensor data extension (Triton's and KServe's, which
+//! Triton's clients use by default) is supported too: a tensor whose parameters hold
+//! `binary_data_size` has no `data`, and its little-endian bytes follow the JSON part of the
+//! body, whose length the `Inference-Header-Content-Length` header gives.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -22,8 +24,76 @@ pub struct JsonTensor {
     /// Optional parameters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Value>,
-    /// The elements, flat in row-major order or nested as the shape.
+    /// The elements, flat in row-major order or nested as the shape; absent (`null`) when they
+    /// travel as binary data.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
     pub data: Value,
+}
+
+/// HTTP methods, for [`crate::Client::send`].
+pub use hyper::Method;
+
+/// The header giving the JSON part's length in a body with binary tensor data.
+pub const HEADER_LENGTH: &str = "inference-header-content-length";
+
+/// The JSON part and the binary part of a body; without the header, all of it is JSON.
+pub fn split_body(body: &[u8], header_length: Option<usize>) -> Result<(&[u8], &[u8]), ServeError> {
+    match header_length {
+        None => Ok((body, &[])),
+        Some(length) if length <= body.len() => Ok(body.split_at(length)),
+        Some(length) => Err(ServeError::bad(format!(
+            "{HEADER_LENGTH} is {length}, but the body has {} bytes",
+            body.len()
+        ))),
+    }
+}
+
+/// A body with binary tensor data: `header` as JSON, then `blobs` in order. Returns the body
+/// and the JSON part's length, for the [`HEADER_LENGTH`] header.
+pub fn binary_body<T: Serialize>(header: &T, blobs: &[Vec<u8>]) -> (Vec<u8>, usize) {
+    let mut body = serde_json::to_vec(header).expect("protocol messages serialize");
+    let length = body.len();
+    for blob in blobs {
+        body.extend_from_slice(blob);
+    }
+    (body, length)
+}
+
+/// A tensor's elements as little-endian bytes.
+pub fn to_bytes(tensor: &HostTensor) -> Vec<u8> {
+    match tensor.data() {
+        HostData::F32(values) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        HostData::I64(values) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// Takes the tensors of `tensors` that hold binary data from `binary`, in order: each gets its
+/// `binary_data_size` bytes as its data; the bytes must be used up exactly.
+pub fn host_tensors(tensors: &[JsonTensor], binary: &[u8]) -> Result<Vec<HostTensor>, ServeError> {
+    let mut rest = binary;
+    let tensors = tensors
+        .iter()
+        .map(|tensor| match tensor.binary_size()? {
+            None => tensor.to_host(),
+            Some(size) if size <= rest.len() => {
+                let (bytes, after) = rest.split_at(size);
+                rest = after;
+                tensor.from_bytes(bytes)
+            }
+            Some(size) => Err(ServeError::bad(format!(
+                "tensor '{}' declares {size} bytes of binary data; {} are left",
+                tensor.name,
+                rest.len()
+            ))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if !rest.is_empty() {
+        return Err(ServeError::bad(format!(
+            "{} bytes of binary data belong to no tensor",
+            rest.len()
+        )));
+    }
+    Ok(tensors)
 }
 
 /// `POST /v2/models/{name}/infer`'s body.
@@ -155,9 +225,37 @@ impl JsonTensor {
         }
     }
 
-    /// The tensor's elements, checked against its own shape and data type: flat or nested data,
-    /// numbers of the data type only.
-    pub fn to_host(&self) -> Result<HostTensor, ServeError> {
+    /// The tensor named `name` holding `tensor` as binary data: its description and its bytes.
+    pub fn binary_from_host(name: impl Into<String>, tensor: &HostTensor) -> (Self, Vec<u8>) {
+        let bytes = to_bytes(tensor);
+        let description = Self {
+            name: name.into(),
+            shape: tensor.shape().iter().map(|&dim| dim as u64).collect(),
+            datatype: tensor.data_type().name().to_string(),
+            parameters: Some(serde_json::json!({ "binary_data_size": bytes.len() })),
+            data: Value::Null,
+        };
+        (description, bytes)
+    }
+
+    /// The size of its binary data, where its parameters declare one.
+    pub fn binary_size(&self) -> Result<Option<usize>, ServeError> {
+        match self
+            .parameters
+            .as_ref()
+            .and_then(|p| p.get("binary_data_size"))
+        {
+            None => Ok(None),
+            Some(size) => size.as_u64().map(|s| Some(s as usize)).ok_or_else(|| {
+                ServeError::bad(format!(
+                    "tensor '{}': binary_data_size is {size}, not a byte count",
+                    self.name
+                ))
+            }),
+        }
+    }
+
+    fn datatype_and_shape(&self) -> Result<(DataType, Vec<usize>), ServeError> {
         let name = &self.name;
         let datatype = match self.datatype.as_str() {
             "FP32" => DataType::Fp32,
@@ -168,12 +266,53 @@ impl JsonTensor {
                 )));
             }
         };
-        let shape: Vec<usize> = self
+        let shape = self
             .shape
             .iter()
             .map(|&dim| usize::try_from(dim))
             .collect::<Result<_, _>>()
             .map_err(|_| ServeError::bad(format!("tensor '{name}': a dimension is too large")))?;
+        Ok((datatype, shape))
+    }
+
+    /// The tensor with `bytes` (little-endian, row-major) as its elements.
+    pub fn from_bytes(&self, bytes: &[u8]) -> Result<HostTensor, ServeError> {
+        let (datatype, shape) = self.datatype_and_shape()?;
+        let width = match datatype {
+            DataType::Fp32 => 4,
+            DataType::Int64 => 8,
+        };
+        if bytes.len() % width != 0 {
+            return Err(ServeError::bad(format!(
+                "tensor '{}': {} bytes of binary data are not whole {} elements",
+                self.name,
+                bytes.len(),
+                datatype.name()
+            )));
+        }
+        let data = match datatype {
+            DataType::Fp32 => HostData::F32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+                    .collect(),
+            ),
+            DataType::Int64 => HostData::I64(
+                bytes
+                    .chunks_exact(8)
+                    .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+                    .collect(),
+            ),
+        };
+        HostTensor::new(shape, data)
+            .map_err(|error| ServeError::bad(format!("tensor '{}': {error}", self.name)))
+    }
+
+    /// The tensor's elements, checked against its own shape and data type: flat or nested data,
+    /// numbers of the data type only.
+    pub fn to_host(&self) -> Result<HostTensor, ServeError> {
+        let name = &self.name;
+        let (datatype, shape) = self.datatype_and_shape()?;
         let mut leaves = Vec::new();
         flatten(&self.data, &mut leaves, 0)
             .map_err(|message| ServeError::bad(format!("tensor '{name}': {message}")))?;
@@ -208,8 +347,8 @@ impl JsonTensor {
             .map_err(|error| ServeError::bad(format!("tensor '{name}': {error}")))
     }
 
-    /// The tensor checked against the model's input: its name, data type and row shape.
-    pub fn to_input(&self, spec: &TensorSpec) -> Result<HostTensor, ServeError> {
+    /// Checks the tensor's name, data type and row shape against the model's input.
+    pub fn check_input(&self, spec: &TensorSpec) -> Result<(), ServeError> {
         if self.name != spec.name {
             return Err(ServeError::bad(format!(
                 "unknown input '{}': the model's input is '{}'",
@@ -236,7 +375,7 @@ impl JsonTensor {
                 self.name, self.shape, spec.shape
             )));
         }
-        self.to_host()
+        Ok(())
     }
 }
 
@@ -262,8 +401,9 @@ fn flatten<'a>(value: &'a Value, out: &mut Vec<&'a Value>, depth: usize) -> Resu
 }
 
 impl InferRequest {
-    /// The one input, checked against the model; the outputs asked for must be the model's.
-    pub fn input_for(&self, spec: &ModelSpec) -> Result<HostTensor, ServeError> {
+    /// The one input, checked against the model, its data in the JSON or in `binary` (the
+    /// body's binary part, empty without one); the outputs asked for must be the model's.
+    pub fn input_for(&self, spec: &ModelSpec, binary: &[u8]) -> Result<HostTensor, ServeError> {
         let [input] = self.inputs.as_slice() else {
             return Err(ServeError::bad(format!(
                 "the request has {} inputs; model '{}' takes one, '{}'",
@@ -283,7 +423,27 @@ impl InferRequest {
                 unknown.name, spec.output.name
             )));
         }
-        input.to_input(&spec.input)
+        input.check_input(&spec.input)?;
+        let mut tensors = host_tensors(&self.inputs, binary)?;
+        Ok(tensors.pop().expect("one input"))
+    }
+
+    /// Whether the answer's outputs are to be binary data: the request's `binary_data_output`
+    /// parameter, or an output's `binary_data`.
+    pub fn wants_binary_output(&self) -> bool {
+        let flag = |parameters: &Option<Value>, key: &str| {
+            parameters
+                .as_ref()
+                .and_then(|p| p.get(key))
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+        };
+        flag(&self.parameters, "binary_data_output")
+            || self
+                .outputs
+                .iter()
+                .flatten()
+                .any(|output| flag(&output.parameters, "binary_data"))
     }
 
     /// The deadline the request asks for, in microseconds (`parameters.timeout`).

@@ -19,13 +19,14 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::metrics::{Metrics, ModelMetrics};
 use crate::protocol::{
-    ErrorResponse, InferRequest, InferResponse, JsonTensor, ModelMetadata, ServerMetadata,
+    ErrorResponse, HEADER_LENGTH, InferRequest, InferResponse, JsonTensor, ModelMetadata,
+    ServerMetadata, binary_body, split_body,
 };
 use crate::{Batcher, BatcherConfig, ModelSpec, Servable, ServeError};
 
@@ -374,30 +375,55 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 async fn infer(
     State(shared): State<Arc<Shared>>,
     Path(name): Path<String>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    infer_any(&shared, &name, None, &body).await
+    infer_any(&shared, &name, None, &headers, &body).await
 }
 
 async fn infer_version(
     State(shared): State<Arc<Shared>>,
     Path((name, version)): Path<(String, String)>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    infer_any(&shared, &name, Some(&version), &body).await
+    infer_any(&shared, &name, Some(&version), &headers, &body).await
 }
 
-async fn infer_any(shared: &Shared, name: &str, version: Option<&str>, body: &[u8]) -> Response {
+/// An answer to an inference request: JSON, or JSON and binary outputs.
+enum Answer {
+    Json(InferResponse),
+    Binary(Vec<u8>, usize),
+}
+
+async fn infer_any(
+    shared: &Shared,
+    name: &str,
+    version: Option<&str>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
     let arrived = Instant::now();
     let model = match shared.model(name, version) {
         Ok(model) => model,
         // Unknown names get no time series of their own: clients would choose its labels.
         Err(err) => return error_response(&err),
     };
-    let answer = run(shared, model, body, arrived).await;
-    let response = match &answer {
-        Ok(response) => axum::Json(response).into_response(),
-        Err(err) => error_response(err),
+    let answer = match header_length(headers) {
+        Ok(length) => run(shared, model, body, length, arrived).await,
+        Err(err) => Err(err),
+    };
+    let response = match answer {
+        Ok(Answer::Json(response)) => axum::Json(response).into_response(),
+        Ok(Answer::Binary(body, length)) => (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                (HeaderName::from_static(HEADER_LENGTH), length.to_string()),
+            ],
+            body,
+        )
+            .into_response(),
+        Err(err) => error_response(&err),
     };
     model
         .metrics
@@ -405,15 +431,30 @@ async fn infer_any(shared: &Shared, name: &str, version: Option<&str>, body: &[u
     response
 }
 
+fn header_length(headers: &HeaderMap) -> Result<Option<usize>, ServeError> {
+    headers
+        .get(HEADER_LENGTH)
+        .map(|value| {
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| ServeError::bad(format!("{HEADER_LENGTH} is not a byte count")))
+        })
+        .transpose()
+}
+
 async fn run(
     shared: &Shared,
     model: &Model,
     body: &[u8],
+    header_length: Option<usize>,
     arrived: Instant,
-) -> Result<InferResponse, ServeError> {
-    let request: InferRequest = serde_json::from_slice(body)
+) -> Result<Answer, ServeError> {
+    let (json, binary) = split_body(body, header_length)?;
+    let request: InferRequest = serde_json::from_slice(json)
         .map_err(|error| ServeError::bad(format!("malformed request: {error}")))?;
-    let input = request.input_for(&model.spec)?;
+    let input = request.input_for(&model.spec, binary)?;
     let timeout = request
         .timeout_micros()?
         .map(Duration::from_micros)
@@ -430,11 +471,28 @@ async fn run(
             })?,
         None => ticket.result().await?,
     };
-    Ok(InferResponse {
+    let binary = request.wants_binary_output();
+    let (tensor, bytes) = if binary {
+        let (tensor, bytes) = JsonTensor::binary_from_host(&model.spec.output.name, &output);
+        (tensor, Some(bytes))
+    } else {
+        (
+            JsonTensor::from_host(&model.spec.output.name, &output),
+            None,
+        )
+    };
+    let response = InferResponse {
         model_name: model.spec.name.clone(),
         model_version: Some(model.spec.version.clone()),
         id: request.id,
         parameters: None,
-        outputs: vec![JsonTensor::from_host(&model.spec.output.name, &output)],
+        outputs: vec![tensor],
+    };
+    Ok(match bytes {
+        Some(bytes) => {
+            let (body, length) = binary_body(&response, &[bytes]);
+            Answer::Binary(body, length)
+        }
+        None => Answer::Json(response),
     })
 }

@@ -14,8 +14,8 @@
 //! Without `--checkpoint` the classifier is the one trained before in `--dir` (default
 //! `target/serve`), or is trained now (`--epochs`, as `train_mnist` trains it) and saved there
 //! as a Burnpack file, which serving reads memory-mapped. `--checkpoint` takes such a `.bpk`
-//! file or a `train_mnist` run directory (`target/train_mnist/sketched`). `--int8` serves it
-//! with `int8` weights.
+//! file or a `train_mnist` run directory (`target/train_mnist/sketched`). `--precision`
+//! serves it in `bf16` or with `int8` weights.
 //!
 //! `--bench` starts the server twice on loopback, without batching and with it, and sends
 //! single-digit requests from 1 to 64 concurrent users (`--concurrency`), each level bounded by
@@ -29,16 +29,24 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use burn::backend::Flex;
 use burn::data::dataset::Dataset;
-use burn::tensor::{Tensor, TensorData};
+use burn::module::Module;
+use burn::tensor::{DType, Tensor, TensorData};
+use burn_memory::training::mixed_precision::CastParams;
 use burn_memory::{CountingAllocator, DeviceMemory};
-use burn_serve::protocol::JsonTensor;
+use burn_serve::protocol::{JsonTensor, binary_body};
 use burn_serve::{BatcherConfig, BurnModel, HostTensor, Servable, Server, ServerConfig};
+use burn_sketch::cpu::HalfFlex;
 use clap::Parser;
 use examples::data::{DigitDataset, MEAN, STD};
+use examples::mlp::Mlp;
+use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
-use examples::serve::load::{self, Level, LoadConfig};
+use examples::serve::load as loadgen;
+use examples::serve::load::{Level, LoadConfig, Payload};
 use examples::serve::mixed::{self, Sample};
-use examples::serve::{MNIST_PIXELS, charlm_model, charlm_spec, mnist_model, mnist_spec};
+use examples::serve::{
+    MNIST_PIXELS, charlm_model, charlm_spec, load, mnist_checkpoint, mnist_spec,
+};
 use serde::Serialize;
 
 #[global_allocator]
@@ -63,9 +71,10 @@ struct Args {
     /// Epochs when the classifier has to be trained first.
     #[arg(long, default_value_t = 2)]
     epochs: usize,
-    /// Serve the classifier with `int8` weights.
-    #[arg(long)]
-    int8: bool,
+    /// The classifier's precision: `f32`; `bf16` (weights and activations, on `HalfFlex`'s
+    /// AVX512-BF16 products); `int8` (weights, burn-sketch's `Int8Linear`).
+    #[arg(long, value_enum, default_value = "f32")]
+    precision: Served,
     /// Also serve the character language model as `charlm`.
     #[arg(long)]
     lm: bool,
@@ -105,6 +114,13 @@ struct Args {
     /// The model `--load` sends to (single digits for `mnist`).
     #[arg(long, default_value = "mnist")]
     model: String,
+    /// How `--bench` and `--load` send tensors: `json`, `binary` (the binary tensor data
+    /// extension), or both.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Encoding::Json, Encoding::Binary])]
+    encodings: Vec<Encoding>,
+    /// Train the dense MLP instead of the sketched one when the classifier is trained here.
+    #[arg(long)]
+    dense: bool,
     /// Concurrency levels of `--bench` and `--load`.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 2, 4, 8, 16, 32, 64])]
     concurrency: Vec<usize>,
@@ -122,27 +138,92 @@ struct Args {
     json: Option<PathBuf>,
 }
 
-/// The classifier as served: pixels in `[0, 1]`, normalised as in training, then the MLP.
+/// The precisions the classifier can be served in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Served {
+    F32,
+    Bf16,
+    Int8,
+}
+
+/// The classifier as served (pixels in `[0, 1]`, normalised as in training, then the MLP), one
+/// replica per worker, and its forward on the same backend for checking answers.
 fn classifier(args: &Args) -> anyhow::Result<(Vec<Box<dyn Servable>>, ModelForward)> {
-    let (mlp, config) = mnist_model(args.checkpoint.as_deref(), &args.dir, args.epochs)?;
-    println!("classifier: {}", examples::training::describe(&config));
+    let path = mnist_checkpoint(
+        args.checkpoint.as_deref(),
+        &args.dir,
+        args.epochs,
+        args.dense,
+    )?;
     let device = Default::default();
-    let devices = vec![device; args.workers.max(1)];
-    if args.int8 {
-        let int8 = mlp.to_int8();
-        let reference = int8.clone();
-        let model = BurnModel::float(int8, device, |m, x| m.forward((x - MEAN) / STD));
-        let replicas = model.replicas(&devices).into_iter().map(|r| Box::new(r) as Box<dyn Servable>).collect();
-        Ok((replicas, Box::new(move |x| reference.forward((x - MEAN) / STD))))
-    } else {
-        let reference = mlp.clone();
-        let model = BurnModel::float(mlp, device, |m, x| m.forward((x - MEAN) / STD));
-        let replicas = model.replicas(&devices).into_iter().map(|r| Box::new(r) as Box<dyn Servable>).collect();
-        Ok((replicas, Box::new(move |x| reference.forward((x - MEAN) / STD))))
+    let (mlp, config) = load::<Flex, _, MlpConfig>(&path, |c| c.init(&device))?;
+    println!(
+        "classifier: {}, {:?}",
+        examples::training::describe(&config),
+        args.precision
+    );
+    let workers = args.workers.max(1);
+    fn boxed<S: Servable>(replicas: Vec<S>) -> Vec<Box<dyn Servable>> {
+        replicas
+            .into_iter()
+            .map(|r| Box::new(r) as Box<dyn Servable>)
+            .collect()
+    }
+    match args.precision {
+        Served::F32 => {
+            let reference = mlp.clone();
+            let model = BurnModel::float(mlp, device, |m, x| m.forward((x - MEAN) / STD));
+            let replicas = boxed(model.replicas(&vec![device; workers]));
+            Ok((
+                replicas,
+                Box::new(move |x| host(reference.forward((x - MEAN) / STD))),
+            ))
+        }
+        Served::Int8 => {
+            let int8 = mlp.to_int8();
+            let reference = int8.clone();
+            let model = BurnModel::float(int8, device, |m, x| m.forward((x - MEAN) / STD));
+            let replicas = boxed(model.replicas(&vec![device; workers]));
+            Ok((
+                replicas,
+                Box::new(move |x| host(reference.forward((x - MEAN) / STD))),
+            ))
+        }
+        Served::Bf16 => {
+            // The same weights on `HalfFlex`, cast to `bf16`; inputs cast on the way in and
+            // logits back to `f32` on the way out.
+            let half = Default::default();
+            let (mlp, _) = load::<HalfFlex, _, MlpConfig>(&path, |c| c.init(&half))?;
+            let mlp = mlp.map(&mut CastParams(DType::BF16));
+            let forward = |m: &Mlp<HalfFlex>, x: Tensor<HalfFlex, 2>| {
+                m.forward(((x - MEAN) / STD).cast(DType::BF16))
+                    .cast(DType::F32)
+            };
+            let reference = mlp.clone();
+            let model = BurnModel::float(mlp, half, forward);
+            let replicas = boxed(model.replicas(&vec![half; workers]));
+            Ok((
+                replicas,
+                Box::new(move |x: Tensor<Flex, 2>| {
+                    let x = Tensor::<HalfFlex, 2>::from_data(x.into_data(), &half);
+                    host(forward(&reference, x))
+                }),
+            ))
+        }
     }
 }
 
-type ModelForward = Box<dyn Fn(Tensor<Flex, 2>) -> Tensor<Flex, 2>>;
+/// Rows as they come back to the host.
+fn host<B: burn::tensor::backend::Backend>(logits: Tensor<B, 2>) -> Vec<f32> {
+    logits
+        .into_data()
+        .convert::<f32>()
+        .to_vec()
+        .expect("f32 logits")
+}
+
+/// The served model's forward, run directly: input rows on Flex, logits on the host.
+type ModelForward = Box<dyn Fn(Tensor<Flex, 2>) -> Vec<f32>>;
 
 fn batching(args: &Args) -> BatcherConfig {
     BatcherConfig {
@@ -152,7 +233,11 @@ fn batching(args: &Args) -> BatcherConfig {
     }
 }
 
-fn server(args: &Args, replicas: Vec<Box<dyn Servable>>, batching: BatcherConfig) -> anyhow::Result<Server> {
+fn server(
+    args: &Args,
+    replicas: Vec<Box<dyn Servable>>,
+    batching: BatcherConfig,
+) -> anyhow::Result<Server> {
     let mut server = Server::new(ServerConfig {
         request_timeout: Some(Duration::from_millis(args.timeout_ms)),
         ..ServerConfig::default()
@@ -161,8 +246,17 @@ fn server(args: &Args, replicas: Vec<Box<dyn Servable>>, batching: BatcherConfig
     Ok(server)
 }
 
+fn describe(args: &Args) -> String {
+    let kind = if args.dense { "dense" } else { "sketched" };
+    format!("{kind} MNIST MLP, {:?}", args.precision)
+}
+
 fn platform(args: &Args) -> &'static str {
-    if args.int8 { "burn-flex-int8" } else { "burn-flex" }
+    match args.precision {
+        Served::F32 => "burn-flex",
+        Served::Bf16 => "burn-halfflex-bf16",
+        Served::Int8 => "burn-flex-int8",
+    }
 }
 
 /// Test digits as pixel rows in `[0, 1]`.
@@ -180,24 +274,58 @@ fn request_body(rows: &[Vec<f32>]) -> anyhow::Result<(Vec<u8>, HostTensor)> {
     Ok((serde_json::to_vec(&body)?, input))
 }
 
+/// How the load generator's requests carry their tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+enum Encoding {
+    /// Numbers in the JSON body.
+    Json,
+    /// The binary tensor data extension, both ways (Triton's clients' default).
+    Binary,
+}
+
+/// One digit per request, in `encoding`.
+fn payloads(digits: &[Vec<f32>], encoding: Encoding) -> anyhow::Result<Arc<Vec<Payload>>> {
+    let payloads = digits
+        .iter()
+        .map(|d| -> anyhow::Result<Payload> {
+            let (body, input) = request_body(std::slice::from_ref(d))?;
+            Ok(match encoding {
+                Encoding::Json => (body, None),
+                Encoding::Binary => {
+                    let (tensor, bytes) = JsonTensor::binary_from_host("input", &input);
+                    let request = serde_json::json!({
+                        "parameters": {"binary_data_output": true},
+                        "inputs": [tensor],
+                    });
+                    let (body, length) = binary_body(&request, &[bytes]);
+                    (body, Some(length))
+                }
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(Arc::new(payloads))
+}
+
+#[derive(Serialize)]
+struct Series {
+    encoding: Encoding,
+    batched: bool,
+    levels: Vec<Level>,
+}
+
 #[derive(Serialize)]
 struct BenchReport {
-    unbatched: Vec<Level>,
-    batched: Vec<Level>,
+    model: String,
     batching: BatcherConfig,
+    workers: usize,
     batch_compute_ms: f64,
-    speedup_at_32: Option<f64>,
     p99_bound_ms: f64,
+    series: Vec<Series>,
 }
 
 fn bench(args: &Args) -> anyhow::Result<()> {
     let digits = digits(256)?;
-    let payloads = Arc::new(
-        digits
-            .iter()
-            .map(|d| request_body(std::slice::from_ref(d)).map(|(body, _)| body))
-            .collect::<anyhow::Result<Vec<_>>>()?,
-    );
     let config = LoadConfig {
         model: "mnist".into(),
         requests: args.requests,
@@ -207,53 +335,104 @@ fn bench(args: &Args) -> anyhow::Result<()> {
     // One batch's compute, measured directly: the median of 50 forwards of a full batch.
     let (_, forward) = classifier(args)?;
     let device = Default::default();
-    let rows = args.max_batch_size;
-    let x = Tensor::<Flex, 2>::from_data(TensorData::new(digits[..rows.min(digits.len())].concat(), [rows.min(digits.len()), MNIST_PIXELS]), &device);
+    let rows = args.max_batch_size.min(digits.len());
+    let x = Tensor::<Flex, 2>::from_data(
+        TensorData::new(digits[..rows].concat(), [rows, MNIST_PIXELS]),
+        &device,
+    );
     let mut times: Vec<f64> = (0..50)
         .map(|_| {
             let start = Instant::now();
-            let _ = forward(x.clone()).into_data();
+            let _ = forward(x.clone());
             start.elapsed().as_secs_f64() * 1e3
         })
         .collect();
     times.sort_by(f64::total_cmp);
     let batch_compute_ms = times[25];
-
-    let mut results = Vec::new();
-    for (name, batching) in [("unbatched", BatcherConfig::unbatched()), ("batched", batching(args))] {
-        let (replicas, _) = classifier(args)?;
-        let running = server(args, replicas, batching.clone())?.start("127.0.0.1:0".parse()?)?;
-        println!(
-            "\n{name}: max_batch_size {}, max_queue_delay {:?}, {} worker(s)",
-            batching.max_batch_size, batching.max_queue_delay, args.workers
-        );
-        let levels = load::run(running.addr(), &config, Arc::clone(&payloads), &args.concurrency, |level| {
-            println!(
-                "  concurrency {:>3}: {:>7.0} requests/s, p50 {:.2} ms, p99 {:.2} ms, {:.1} rows/batch",
-                level.concurrency, level.throughput, level.p50_ms, level.p99_ms, level.mean_batch
-            )
-        })?;
-        running.shutdown()?;
-        results.push((name, levels));
-    }
-    let (unbatched, batched) = (results[0].1.clone(), results[1].1.clone());
-    println!();
-    println!("{}", load::table("without batching", &unbatched));
-    println!("{}", load::table("with batching", &batched));
-    let at = |levels: &[Level], c: usize| levels.iter().find(|l| l.concurrency == c).cloned();
-    let speedup_at_32 = at(&batched, 32).zip(at(&unbatched, 32)).map(|(b, u)| b.throughput / u.throughput);
     let p99_bound_ms = 2.0 * args.max_queue_delay_us as f64 / 1e3 + batch_compute_ms;
-    println!("one batch of {rows} rows: {batch_compute_ms:.2} ms (median of 50 direct forwards)");
-    if let (Some(speedup), Some(b)) = (speedup_at_32, at(&batched, 32)) {
-        println!(
-            "at concurrency 32: batched throughput {speedup:.2}× unbatched (target ≥ 5×); p99 {:.2} ms against 2 × max_queue_delay + one batch = {p99_bound_ms:.2} ms",
-            b.p99_ms
-        );
+
+    let mut series = Vec::new();
+    for &encoding in &args.encodings {
+        let payloads = payloads(&digits, encoding)?;
+        for batched in [false, true] {
+            let batching = if batched {
+                batching(args)
+            } else {
+                BatcherConfig::unbatched()
+            };
+            let (replicas, _) = classifier(args)?;
+            let running =
+                server(args, replicas, batching.clone())?.start("127.0.0.1:0".parse()?)?;
+            println!(
+                "\n{encoding:?} requests, max_batch_size {}, max_queue_delay {:?}, {} worker(s)",
+                batching.max_batch_size, batching.max_queue_delay, args.workers
+            );
+            let levels = loadgen::run(
+                running.addr(),
+                &config,
+                Arc::clone(&payloads),
+                &args.concurrency,
+                |level| {
+                    println!(
+                        "  concurrency {:>3}: {:>7.0} requests/s, p50 {:.2} ms, p99 {:.2} ms, {:.1} rows/batch",
+                        level.concurrency,
+                        level.throughput,
+                        level.p50_ms,
+                        level.p99_ms,
+                        level.mean_batch
+                    )
+                },
+            )?;
+            running.shutdown()?;
+            series.push(Series {
+                encoding,
+                batched,
+                levels,
+            });
+        }
     }
-    load::plot(&[("without batching", &unbatched), ("with batching", &batched)], &args.plot)?;
+    println!();
+    let name = |s: &Series| {
+        format!(
+            "{:?}, {}",
+            s.encoding,
+            if s.batched { "batched" } else { "unbatched" }
+        )
+    };
+    for s in &series {
+        println!("{}", loadgen::table(&name(s), &s.levels));
+    }
+    println!("one batch of {rows} rows: {batch_compute_ms:.2} ms (median of 50 direct forwards)");
+    let at = |levels: &[Level], c: usize| levels.iter().find(|l| l.concurrency == c).cloned();
+    for pair in series.chunks(2) {
+        if let [unbatched, batched] = pair
+            && let (Some(u), Some(b)) = (at(&unbatched.levels, 32), at(&batched.levels, 32))
+        {
+            println!(
+                "{:?} at concurrency 32: batched {:.2}× the unbatched throughput (target ≥ 5×); batched p99 {:.2} ms against 2 × max_queue_delay + one batch = {p99_bound_ms:.2} ms",
+                batched.encoding,
+                b.throughput / u.throughput,
+                b.p99_ms
+            );
+        }
+    }
+    let names: Vec<String> = series.iter().map(name).collect();
+    let plotted: Vec<(&str, &[Level])> = series
+        .iter()
+        .zip(&names)
+        .map(|(s, n)| (n.as_str(), s.levels.as_slice()))
+        .collect();
+    loadgen::plot(&plotted, &args.plot)?;
     println!("curves: {}", args.plot.display());
     if let Some(path) = &args.json {
-        let report = BenchReport { unbatched, batched, batching: batching(args), batch_compute_ms, speedup_at_32, p99_bound_ms };
+        let report = BenchReport {
+            model: describe(args),
+            batching: batching(args),
+            workers: args.workers,
+            batch_compute_ms,
+            p99_bound_ms,
+            series,
+        };
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
         println!("json: {}", path.display());
     }
@@ -275,24 +454,43 @@ fn mixed_run(args: &Args, total: usize) -> anyhow::Result<()> {
     let digits = digits(64)?;
     let samples: Vec<Sample> = (0..64)
         .map(|i| {
-            let rows: Vec<Vec<f32>> = (0..1 + i % 4).map(|j| digits[(i + j) % digits.len()].clone()).collect();
+            let rows: Vec<Vec<f32>> = (0..1 + i % 4)
+                .map(|j| digits[(i + j) % digits.len()].clone())
+                .collect();
             let (_, input) = request_body(&rows)?;
-            let x = Tensor::<Flex, 2>::from_data(TensorData::new(rows.concat(), [rows.len(), MNIST_PIXELS]), &device);
-            let expected = forward(x).into_data().to_vec::<f32>().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            let x = Tensor::<Flex, 2>::from_data(
+                TensorData::new(rows.concat(), [rows.len(), MNIST_PIXELS]),
+                &device,
+            );
+            let expected = forward(x);
             Ok(Sample { input, expected })
         })
         .collect::<anyhow::Result<_>>()?;
     let samples = Arc::new(samples);
     let running = server(args, replicas, batching(args))?.start("127.0.0.1:0".parse()?)?;
     let usage = || Flex::memory_usage(&device, Flex::current_stream());
-    let run = |n| mixed::run(running.addr(), "mnist", "input", MNIST_PIXELS, args.max_batch_size, Arc::clone(&samples), n, 16);
+    let run = |n| {
+        mixed::run(
+            running.addr(),
+            "mnist",
+            "input",
+            MNIST_PIXELS,
+            args.max_batch_size,
+            Arc::clone(&samples),
+            n,
+            16,
+        )
+    };
     // A warm-up, so that the allocator's and the runtime's steady state is the baseline.
     run(1000)?;
     let warm = usage()?;
     let report = run(total)?;
     let after = usage()?;
     running.shutdown()?;
-    println!("{total} mixed requests from 16 connections in {:.1} s:", report.seconds);
+    println!(
+        "{total} mixed requests from 16 connections in {:.1} s:",
+        report.seconds
+    );
     println!("| kind | sent | answered as expected |\n|---|---:|---:|");
     for kind in &report.kinds {
         println!("| {:?} | {} | {} |", kind.kind, kind.sent, kind.as_expected);
@@ -303,10 +501,19 @@ fn mixed_run(args: &Args, total: usize) -> anyhow::Result<()> {
     let mb = |b: u64| b as f64 / 1e6;
     println!(
         "heap in use {:.1} MB after the warm-up, {:.1} MB after the run; resident {:.1} MB, {:.1} MB",
-        mb(warm.in_use), mb(after.in_use), mb(warm.reserved), mb(after.reserved)
+        mb(warm.in_use),
+        mb(after.in_use),
+        mb(warm.reserved),
+        mb(after.reserved)
     );
     if let Some(path) = &args.json {
-        let run = MixedRun { report, heap_after_warmup: warm.in_use, heap_after: after.in_use, resident_after_warmup: warm.reserved, resident_after: after.reserved };
+        let run = MixedRun {
+            report,
+            heap_after_warmup: warm.in_use,
+            heap_after: after.in_use,
+            resident_after_warmup: warm.reserved,
+            resident_after: after.reserved,
+        };
         std::fs::write(path, serde_json::to_string_pretty(&run)?)?;
     }
     Ok(())
@@ -316,12 +523,25 @@ fn serve(args: &Args) -> anyhow::Result<()> {
     let (replicas, _) = classifier(args)?;
     let mut server = server(args, replicas, batching(args))?;
     if args.lm {
-        let (lm, config) = charlm_model(args.lm_checkpoint.as_deref(), &args.dir, args.lm_steps, args.text.as_deref())
-            .context("the language model")?;
+        let (lm, config) = charlm_model(
+            args.lm_checkpoint.as_deref(),
+            &args.dir,
+            args.lm_steps,
+            args.text.as_deref(),
+        )
+        .context("the language model")?;
         let device = Default::default();
         let model = BurnModel::int(lm, device, |m, tokens| m.next_logits(tokens));
-        let replicas: Vec<Box<dyn Servable>> = model.replicas(&vec![device; args.workers.max(1)]).into_iter().map(|r| Box::new(r) as Box<dyn Servable>).collect();
-        server.add_model(charlm_spec("burn-flex", config.context), batching(args), replicas)?;
+        let replicas: Vec<Box<dyn Servable>> = model
+            .replicas(&vec![device; args.workers.max(1)])
+            .into_iter()
+            .map(|r| Box::new(r) as Box<dyn Servable>)
+            .collect();
+        server.add_model(
+            charlm_spec("burn-flex", config.context),
+            batching(args),
+            replicas,
+        )?;
     }
     let running = server.start(SocketAddr::new(args.host, args.port))?;
     let addr = running.addr();
@@ -330,8 +550,12 @@ fn serve(args: &Args) -> anyhow::Result<()> {
     println!("  curl http://{addr}/metrics");
     println!(
         "  curl -d '{{\"inputs\":[{{\"name\":\"input\",\"shape\":[1,784],\"datatype\":\"FP32\",\"data\":[{}]}}]}}' http://{addr}/v2/models/mnist/infer",
-        vec!["0"; MNIST_PIXELS].join(",")
-            .chars().take(20).collect::<String>() + ",...784 values"
+        vec!["0"; MNIST_PIXELS]
+            .join(",")
+            .chars()
+            .take(20)
+            .collect::<String>()
+            + ",...784 values"
     );
     running.wait_for_ctrl_c()?;
     println!("stopped");
@@ -345,10 +569,18 @@ fn main() -> anyhow::Result<()> {
     } else if let Some(total) = args.mixed {
         mixed_run(&args, total)
     } else if let Some(addr) = args.load {
-        let payloads = Arc::new(digits(256)?.iter().map(|d| request_body(std::slice::from_ref(d)).map(|(b, _)| b)).collect::<anyhow::Result<Vec<_>>>()?);
-        let config = LoadConfig { model: args.model.clone(), requests: args.requests, seconds: args.seconds, warmup: 200 };
-        let levels = load::run(addr, &config, payloads, &args.concurrency, |_| {})?;
-        println!("{}", load::table(&format!("{addr} model {}", args.model), &levels));
+        let payloads = payloads(&digits(256)?, args.encodings[0])?;
+        let config = LoadConfig {
+            model: args.model.clone(),
+            requests: args.requests,
+            seconds: args.seconds,
+            warmup: 200,
+        };
+        let levels = loadgen::run(addr, &config, payloads, &args.concurrency, |_| {})?;
+        println!(
+            "{}",
+            loadgen::table(&format!("{addr} model {}", args.model), &levels)
+        );
         if let Some(path) = &args.json {
             std::fs::write(path, serde_json::to_string_pretty(&levels)?)?;
         }

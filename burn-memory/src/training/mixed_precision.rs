@@ -453,9 +453,12 @@ impl MixedPrecision {
 
 /// Casts every float parameter not already of the type, keeping its id so that gradients
 /// still map to it. One already of the type is left as it is (no node on the autodiff graph).
-struct CastParams(DType);
+/// A mapper that casts a module's float parameters to a type (mixed precision's compute copy, a
+/// model served in `bf16`).
+#[derive(Debug, Clone, Copy)]
+pub struct CastParams(pub DType);
 
-impl<B: AutodiffBackend> ModuleMapper<B> for CastParams {
+impl<B: burn::tensor::backend::Backend> ModuleMapper<B> for CastParams {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let dtype = self.0;
         if param.val().dtype() == dtype {

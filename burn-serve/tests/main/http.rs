@@ -228,6 +228,13 @@ fn inference_answers_equal_the_model() {
         let (status, response) = post(&mut client, "/v2/models/net/versions/1/infer", request).await;
         assert_eq!(status, 200);
         common::assert_close(&output_values(&response), &fixture.net.answer(&input, &device));
+        // Binary tensor data both ways, as Triton's clients send it: the same answer.
+        let (_, input) = net_request(5, 11);
+        let (response, outputs) = client.infer_binary("net", "x", &input).await.unwrap();
+        assert_eq!(response.outputs[0].data, Value::Null);
+        assert_eq!(outputs[0].shape(), &[5, OUT]);
+        let HostData::F32(values) = outputs[0].data() else { unreachable!() };
+        common::assert_close(values, &fixture.net.answer(&input, &device));
         // Token ids.
         let ids = [[1i64, 2, 3, 4], [19, 0, 7, 7]];
         let request = InferRequest {
@@ -285,6 +292,13 @@ fn bad_requests_get_their_codes_and_messages() {
             let text = answer.error().unwrap_or_else(|| String::from_utf8_lossy(&answer.body).into_owned());
             assert!(!text.is_empty() && text.contains(message), "{path}: '{text}' lacks '{message}'");
         }
+        // A binary body whose JSON part would end past the body.
+        let answer = client
+            .send_with(Method::POST, "/v2/models/net/infer", b"{}".to_vec(), Some(10))
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 400);
+        assert!(answer.error().unwrap().contains("inference-header-content-length"));
     });
     fixture.server.shutdown().unwrap();
 }

@@ -2,7 +2,8 @@
 //! from host tensors with every malformation refused.
 
 use burn_serve::protocol::{
-    InferRequest, InferResponse, JsonTensor, ModelMetadata, ServerMetadata,
+    InferRequest, InferResponse, JsonTensor, ModelMetadata, ServerMetadata, binary_body,
+    host_tensors, split_body,
 };
 use burn_serve::{DataType, HostData, HostTensor, ModelSpec, ServeError, TensorSpec};
 use serde_json::{Value, json};
@@ -165,14 +166,14 @@ fn requests_are_checked_against_the_model() {
         json!({"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6]});
     assert_eq!(
         request(good.clone(), json!(null))
-            .input_for(&spec)
+            .input_for(&spec, &[])
             .unwrap()
             .rows(),
         2
     );
     assert_eq!(
         request(good.clone(), json!([{"name": "y"}]))
-            .input_for(&spec)
+            .input_for(&spec, &[])
             .unwrap()
             .rows(),
         2
@@ -212,7 +213,7 @@ fn requests_are_checked_against_the_model() {
         ),
     ];
     for (request, message) in cases {
-        let error = request.input_for(&spec).unwrap_err();
+        let error = request.input_for(&spec, &[]).unwrap_err();
         assert!(
             matches!(error, ServeError::BadRequest(ref m) if m.contains(message)),
             "{error}"
@@ -220,11 +221,68 @@ fn requests_are_checked_against_the_model() {
     }
     let two: InferRequest =
         serde_json::from_value(json!({"inputs": [good.clone(), good]})).unwrap();
-    assert!(two.input_for(&spec).is_err());
+    assert!(two.input_for(&spec, &[]).is_err());
     let timeout: InferRequest =
         serde_json::from_value(json!({"parameters": {"timeout": 1500}, "inputs": []})).unwrap();
     assert_eq!(timeout.timeout_micros().unwrap(), Some(1500));
     let bad: InferRequest =
         serde_json::from_value(json!({"parameters": {"timeout": "soon"}, "inputs": []})).unwrap();
     assert!(bad.timeout_micros().is_err());
+}
+
+/// The binary tensor data extension: bytes after the JSON part, in input order, equal to the
+/// same tensors in JSON; every size mismatch refused.
+#[test]
+fn binary_data_round_trips() {
+    let x = HostTensor::f32(2, 3, vec![0.5, -1.25, 3.0, 1e-3, f32::MIN_POSITIVE, 7.0]).unwrap();
+    let ids = HostTensor::new(vec![1, 2], HostData::I64(vec![i64::MAX, -3])).unwrap();
+    let (tx, bx) = JsonTensor::binary_from_host("x", &x);
+    let (tids, bids) = JsonTensor::binary_from_host("ids", &ids);
+    assert_eq!(bx.len(), 24);
+    let json = JsonTensor::from_host("plain", &x);
+    let request = InferRequest {
+        id: None,
+        parameters: Some(json!({"binary_data_output": true})),
+        inputs: vec![tx, json, tids],
+        outputs: None,
+    };
+    assert!(request.wants_binary_output());
+    let (body, length) = binary_body(&request, &[bx.clone(), bids.clone()]);
+    let (head, binary) = split_body(&body, Some(length)).unwrap();
+    let parsed: InferRequest = serde_json::from_slice(head).unwrap();
+    assert_eq!(
+        parsed.inputs[0].data,
+        Value::Null,
+        "binary tensors carry no data"
+    );
+    let tensors = host_tensors(&parsed.inputs, binary).unwrap();
+    assert_eq!(tensors, vec![x.clone(), x.clone(), ids]);
+
+    // Too few bytes, bytes left over, a size that is not whole elements, a header past the end.
+    let short = host_tensors(&parsed.inputs, &binary[..binary.len() - 1]).unwrap_err();
+    assert!(
+        matches!(short, ServeError::BadRequest(ref m) if m.contains("declares 16 bytes")),
+        "{short}"
+    );
+    let mut long = binary.to_vec();
+    long.push(0);
+    let extra = host_tensors(&parsed.inputs, &long).unwrap_err();
+    assert!(
+        matches!(extra, ServeError::BadRequest(ref m) if m.contains("1 bytes")),
+        "{extra}"
+    );
+    let (odd, _) = JsonTensor::binary_from_host("x", &x);
+    let odd = JsonTensor {
+        parameters: Some(json!({"binary_data_size": 23})),
+        ..odd
+    };
+    assert!(host_tensors(&[odd], &bx[..23]).is_err());
+    assert!(split_body(&body, Some(body.len() + 1)).is_err());
+    let plain: InferRequest = serde_json::from_value(json!({"inputs": []})).unwrap();
+    assert!(!plain.wants_binary_output());
+    let per_output: InferRequest = serde_json::from_value(
+        json!({"inputs": [], "outputs": [{"name": "y", "parameters": {"binary_data": true}}]}),
+    )
+    .unwrap();
+    assert!(per_output.wants_binary_output());
 }

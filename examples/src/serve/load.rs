@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use burn_serve::Client;
+use burn_serve::protocol::Method;
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -57,11 +58,14 @@ pub fn check_loopback(addr: SocketAddr) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs every level in `levels` against `addr`, sending `payloads` (request bodies) in turn.
+/// A request body, and the length of its JSON part when binary tensor data follows it.
+pub type Payload = (Vec<u8>, Option<usize>);
+
+/// Runs every level in `levels` against `addr`, sending `payloads` in turn.
 pub fn run(
     addr: SocketAddr,
     config: &LoadConfig,
-    payloads: Arc<Vec<Vec<u8>>>,
+    payloads: Arc<Vec<Payload>>,
     levels: &[usize],
     mut progress: impl FnMut(&Level),
 ) -> anyhow::Result<Vec<Level>> {
@@ -82,7 +86,7 @@ pub fn run(
 async fn level(
     addr: SocketAddr,
     config: &LoadConfig,
-    payloads: Arc<Vec<Vec<u8>>>,
+    payloads: Arc<Vec<Payload>>,
     concurrency: usize,
 ) -> anyhow::Result<Level> {
     let path = format!("/v2/models/{}/infer", config.model);
@@ -90,8 +94,15 @@ async fn level(
     send_all(addr, &path, &payloads, concurrency, config.warmup, 60.0).await?;
     let before = batch_totals(addr, &config.model).await?;
     let start = Instant::now();
-    let (mut latencies, failures) =
-        send_all(addr, &path, &payloads, concurrency, config.requests, config.seconds).await?;
+    let (mut latencies, failures) = send_all(
+        addr,
+        &path,
+        &payloads,
+        concurrency,
+        config.requests,
+        config.seconds,
+    )
+    .await?;
     let seconds = start.elapsed().as_secs_f64();
     let after = batch_totals(addr, &config.model).await?;
     latencies.sort_by(f64::total_cmp);
@@ -112,7 +123,11 @@ async fn level(
         p50_ms: percentile(0.50),
         p95_ms: percentile(0.95),
         p99_ms: percentile(0.99),
-        mean_batch: if batches > 0.0 { (after.1 - before.1) / batches } else { f64::NAN },
+        mean_batch: if batches > 0.0 {
+            (after.1 - before.1) / batches
+        } else {
+            f64::NAN
+        },
     })
 }
 
@@ -121,7 +136,7 @@ async fn level(
 async fn send_all(
     addr: SocketAddr,
     path: &str,
-    payloads: &Arc<Vec<Vec<u8>>>,
+    payloads: &Arc<Vec<Payload>>,
     concurrency: usize,
     requests: usize,
     seconds: f64,
@@ -141,9 +156,12 @@ async fn send_all(
                     if i >= requests || Instant::now() >= until {
                         break;
                     }
-                    let body = payloads[i % payloads.len()].clone();
+                    let (body, header_length) = payloads[i % payloads.len()].clone();
                     let sent = Instant::now();
-                    match client.post(&path, body).await {
+                    match client
+                        .send_with(Method::POST, &path, body, header_length)
+                        .await
+                    {
                         Ok(answer) if answer.status == 200 => {
                             latencies.push(sent.elapsed().as_secs_f64())
                         }
@@ -237,8 +255,14 @@ pub fn plot(series: &[(&str, &[Level])], path: &Path) -> anyhow::Result<()> {
             chart
                 .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
                 .label(*name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-            chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            chart.draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, color.filled())),
+            )?;
         }
         chart
             .configure_series_labels()

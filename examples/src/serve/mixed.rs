@@ -112,7 +112,17 @@ pub fn run(
                         }
                         let kind = MIX[i % MIX.len()];
                         let sample = &samples[i % samples.len()];
-                        let outcome = one(&mut client, addr, kind, sample, &model, &input_name, row_len, max_batch).await;
+                        let outcome = one(
+                            &mut client,
+                            addr,
+                            kind,
+                            sample,
+                            &model,
+                            &input_name,
+                            row_len,
+                            max_batch,
+                        )
+                        .await;
                         outcomes.push((kind, outcome));
                     }
                     anyhow::Ok(outcomes)
@@ -131,7 +141,11 @@ pub fn run(
         let count = match kinds.iter_mut().find(|k| k.kind == *kind) {
             Some(count) => count,
             None => {
-                kinds.push(KindCount { kind: *kind, sent: 0, as_expected: 0 });
+                kinds.push(KindCount {
+                    kind: *kind,
+                    sent: 0,
+                    as_expected: 0,
+                });
                 kinds.last_mut().expect("just pushed")
             }
         };
@@ -186,13 +200,27 @@ async fn one(
             let body = json!({"inputs": [{"name": input_name, "shape": [rows, row_len], "datatype": "FP32", "data": vec![0.5f32; rows * row_len]}]});
             (path, serde_json::to_vec(&body).unwrap())
         }
-        Kind::UnknownModel => ("/v2/models/no-such-model/infer".to_string(), serde_json::to_vec(&good).unwrap()),
+        Kind::UnknownModel => (
+            "/v2/models/no-such-model/infer".to_string(),
+            serde_json::to_vec(&good).unwrap(),
+        ),
         Kind::Disconnect => {
             let body = serde_json::to_vec(&good).unwrap();
-            let mut stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-            let head = format!("POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
-            stream.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
-            stream.write_all(&body[..body.len() / 2]).await.map_err(|e| e.to_string())?;
+            let mut stream = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| e.to_string())?;
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            stream
+                .write_all(head.as_bytes())
+                .await
+                .map_err(|e| e.to_string())?;
+            stream
+                .write_all(&body[..body.len() / 2])
+                .await
+                .map_err(|e| e.to_string())?;
             drop(stream);
             return Ok(());
         }

@@ -14,6 +14,7 @@ use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{DefaultRecorder, Recorder};
 use burn::tensor::ElementConversion;
+use burn::tensor::backend::Backend;
 use burn_serve::{DataType, ModelSpec, TensorSpec};
 use burn_store::{BurnpackStore, ModuleSnapshot};
 
@@ -56,7 +57,11 @@ fn config_path(checkpoint: &Path) -> PathBuf {
 }
 
 /// Writes `model` to `path` (`.bpk`) and `config` beside it.
-pub fn save<M: Module<Flex>, C: Config>(model: &M, config: &C, path: &Path) -> anyhow::Result<()> {
+pub fn save<B: Backend, M: Module<B>, C: Config>(
+    model: &M,
+    config: &C,
+    path: &Path,
+) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -72,7 +77,7 @@ pub fn save<M: Module<Flex>, C: Config>(model: &M, config: &C, path: &Path) -> a
 
 /// The configuration saved beside the checkpoint `path`, and the checkpoint applied to the
 /// model `init` builds from it (the file memory-mapped while its tensors are read).
-pub fn load<M: Module<Flex>, C: Config>(
+pub fn load<B: Backend, M: Module<B>, C: Config>(
     path: &Path,
     init: impl FnOnce(&C) -> M,
 ) -> anyhow::Result<(M, C)> {
@@ -99,23 +104,33 @@ pub fn load<M: Module<Flex>, C: Config>(
     Ok((model, config))
 }
 
-/// The MNIST classifier: `checkpoint` if given (a `.bpk` file, or a `train_mnist` run
-/// directory), else the one this example trained before in `dir`, else trained now (`epochs`
-/// on the embedded digits, as `train_mnist` does) and saved there.
-pub fn mnist_model(
+/// The MNIST classifier's Burnpack checkpoint: `checkpoint` if it is one; the newest
+/// checkpoint of a `train_mnist` run directory, converted into `dir`; else the one this
+/// example trained before in `dir`, else one trained now (`epochs` on the embedded digits, as
+/// `train_mnist` trains, sketched or `dense`) and saved there. Load it with [`load`] on any
+/// backend.
+pub fn mnist_checkpoint(
     checkpoint: Option<&Path>,
     dir: &Path,
     epochs: usize,
-) -> anyhow::Result<(Mlp<Flex>, MlpConfig)> {
+    dense: bool,
+) -> anyhow::Result<PathBuf> {
     let device = Default::default();
-    let path = match checkpoint {
-        Some(path) if path.is_dir() => return from_run_dir(path),
+    Ok(match checkpoint {
+        Some(run) if run.is_dir() => {
+            let (model, config) = from_run_dir(run)?;
+            let path = dir.join("mnist-from-run.bpk");
+            save(&model, &config, &path)?;
+            path
+        }
         Some(path) => path.to_path_buf(),
         None => {
-            let path = dir.join("mnist.bpk");
+            let kind = if dense { "dense" } else { "sketched" };
+            let path = dir.join(format!("mnist-{kind}.bpk"));
             if !path.exists() {
-                let config = TrainingConfig::new(MlpConfig::new()).with_epochs(epochs);
-                let run = dir.join("mnist-run");
+                let config =
+                    TrainingConfig::new(MlpConfig::new().with_dense(dense)).with_epochs(epochs);
+                let run = dir.join(format!("mnist-{kind}-run"));
                 println!("no checkpoint given: training the classifier ({epochs} epochs)");
                 let report = crate::training::train::<Autodiff<Flex>>(
                     &config,
@@ -130,8 +145,7 @@ pub fn mnist_model(
             }
             path
         }
-    };
-    load(&path, |config: &MlpConfig| config.init(&device))
+    })
 }
 
 /// The newest checkpoint of a `train_mnist` run directory.
