@@ -235,8 +235,13 @@ impl Batcher {
             deadline,
             reply,
         });
+        // A worker needs waking only to start a batch's clock or to take a full batch; in
+        // between, the one waiting for the batch to fill would wake and sleep again for nothing.
+        let wake = queue.pending.len() == 1 || queue.rows >= max;
         drop(queue);
-        self.shared.work.notify_one();
+        if wake {
+            self.shared.work.notify_one();
+        }
         Ok(Ticket(answer))
     }
 

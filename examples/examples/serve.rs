@@ -34,10 +34,11 @@ use burn::tensor::{DType, Tensor, TensorData};
 use burn_memory::training::mixed_precision::CastParams;
 use burn_memory::{CountingAllocator, DeviceMemory};
 use burn_serve::protocol::{JsonTensor, binary_body};
-use burn_serve::{BatcherConfig, BurnModel, HostTensor, Servable, Server, ServerConfig};
+use burn_serve::{BatcherConfig, BurnModel, HostData, HostTensor, Servable, Server, ServerConfig};
 use burn_sketch::cpu::HalfFlex;
 use clap::Parser;
 use examples::data::{DigitDataset, MEAN, STD};
+use examples::lm::{Corpus, FORTUNES_DIR};
 use examples::mlp::Mlp;
 use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
@@ -52,7 +53,7 @@ use serde::Serialize;
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator::system();
 
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(about = "Serve the MNIST classifier over the Open Inference Protocol, and measure it")]
 struct Args {
     /// The port to serve on.
@@ -284,27 +285,124 @@ enum Encoding {
     Binary,
 }
 
-/// One digit per request, in `encoding`.
-fn payloads(digits: &[Vec<f32>], encoding: Encoding) -> anyhow::Result<Arc<Vec<Payload>>> {
-    let payloads = digits
+/// One request per input, in `encoding`.
+fn payloads(inputs: &[HostTensor], name: &str, encoding: Encoding) -> Arc<Vec<Payload>> {
+    let payloads = inputs
         .iter()
-        .map(|d| -> anyhow::Result<Payload> {
-            let (body, input) = request_body(std::slice::from_ref(d))?;
-            Ok(match encoding {
-                Encoding::Json => (body, None),
-                Encoding::Binary => {
-                    let (tensor, bytes) = JsonTensor::binary_from_host("input", &input);
-                    let request = serde_json::json!({
-                        "parameters": {"binary_data_output": true},
-                        "inputs": [tensor],
-                    });
-                    let (body, length) = binary_body(&request, &[bytes]);
-                    (body, Some(length))
-                }
-            })
+        .map(|input| match encoding {
+            Encoding::Json => {
+                let body = serde_json::json!({"inputs": [JsonTensor::from_host(name, input)]});
+                (serde_json::to_vec(&body).expect("JSON"), None)
+            }
+            Encoding::Binary => {
+                let (tensor, bytes) = JsonTensor::binary_from_host(name, input);
+                let request = serde_json::json!({
+                    "parameters": {"binary_data_output": true},
+                    "inputs": [tensor],
+                });
+                let (body, length) = binary_body(&request, &[bytes]);
+                (body, Some(length))
+            }
         })
-        .collect::<anyhow::Result<_>>()?;
-    Ok(Arc::new(payloads))
+        .collect();
+    Arc::new(payloads)
+}
+
+/// What `--bench` measures: a served model, single-row requests for it, and its forward on one
+/// full batch run directly.
+struct Target {
+    model: String,
+    description: String,
+    input_name: &'static str,
+    inputs: Vec<HostTensor>,
+    server: Box<dyn Fn(BatcherConfig) -> anyhow::Result<Server>>,
+    full_batch: Box<dyn Fn()>,
+}
+
+/// The classifier, or with `--lm` the language model.
+fn target(args: &Args) -> anyhow::Result<Target> {
+    let device = Default::default();
+    if !args.lm {
+        let digits = digits(256)?;
+        let inputs = digits
+            .iter()
+            .map(|d| HostTensor::f32(1, MNIST_PIXELS, d.clone()))
+            .collect::<Result<_, _>>()?;
+        let (_, forward) = classifier(args)?;
+        let rows = args.max_batch_size.min(digits.len());
+        let x = Tensor::<Flex, 2>::from_data(
+            TensorData::new(digits[..rows].concat(), [rows, MNIST_PIXELS]),
+            &device,
+        );
+        let owned = args.clone();
+        return Ok(Target {
+            model: "mnist".into(),
+            description: describe(args),
+            input_name: "input",
+            inputs,
+            server: Box::new(move |batching| {
+                let (replicas, _) = classifier(&owned)?;
+                server(&owned, replicas, batching)
+            }),
+            full_batch: Box::new(move || drop(forward(x.clone()))),
+        });
+    }
+    let (lm, config) = charlm_model(
+        args.lm_checkpoint.as_deref(),
+        &args.dir,
+        args.lm_steps,
+        args.text.as_deref(),
+    )?;
+    let documents = match &args.text {
+        Some(text) => Corpus::read_text(text)?,
+        None => Corpus::read_fortunes(std::path::Path::new(FORTUNES_DIR))?,
+    };
+    let corpus = Corpus::split(&documents, 10, 10_000)?;
+    let context = config.context;
+    let windows: Vec<Vec<i64>> = (0..256)
+        .map(|i| {
+            let start = (i * 997) % (corpus.valid.len() - context);
+            corpus.valid[start..start + context]
+                .iter()
+                .map(|&t| t as i64)
+                .collect()
+        })
+        .collect();
+    let inputs = windows
+        .iter()
+        .map(|w| HostTensor::new(vec![1, context], HostData::I64(w.clone())))
+        .collect::<Result<_, _>>()?;
+    let rows = args.max_batch_size.min(windows.len());
+    let x = Tensor::<Flex, 2, burn::tensor::Int>::from_data(
+        TensorData::new(windows[..rows].concat(), [rows, context]),
+        &device,
+    );
+    let reference = lm.clone();
+    let workers = args.workers.max(1);
+    let timeout = Duration::from_millis(args.timeout_ms);
+    Ok(Target {
+        model: "charlm".into(),
+        description: format!(
+            "character LM, {} blocks, width {}, context {context}",
+            config.n_blocks, config.d_model
+        ),
+        input_name: "tokens",
+        inputs,
+        server: Box::new(move |batching| {
+            let model = BurnModel::int(lm.clone(), device, |m, tokens| m.next_logits(tokens));
+            let mut server = Server::new(ServerConfig {
+                request_timeout: Some(timeout),
+                ..ServerConfig::default()
+            });
+            server.add_model(
+                charlm_spec("burn-flex", context),
+                batching,
+                model.replicas(&vec![device; workers]),
+            )?;
+            Ok(server)
+        }),
+        full_batch: Box::new(move || drop(reference.next_logits(x.clone()).into_data())),
+    })
 }
 
 #[derive(Serialize)]
@@ -325,44 +423,37 @@ struct BenchReport {
 }
 
 fn bench(args: &Args) -> anyhow::Result<()> {
-    let digits = digits(256)?;
+    let target = target(args)?;
     let config = LoadConfig {
-        model: "mnist".into(),
+        model: target.model.clone(),
         requests: args.requests,
         seconds: args.seconds,
         warmup: 200,
     };
     // One batch's compute, measured directly: the median of 50 forwards of a full batch.
-    let (_, forward) = classifier(args)?;
-    let device = Default::default();
-    let rows = args.max_batch_size.min(digits.len());
-    let x = Tensor::<Flex, 2>::from_data(
-        TensorData::new(digits[..rows].concat(), [rows, MNIST_PIXELS]),
-        &device,
-    );
+    let rows = args.max_batch_size.min(target.inputs.len());
     let mut times: Vec<f64> = (0..50)
         .map(|_| {
             let start = Instant::now();
-            let _ = forward(x.clone());
+            (target.full_batch)();
             start.elapsed().as_secs_f64() * 1e3
         })
         .collect();
     times.sort_by(f64::total_cmp);
     let batch_compute_ms = times[25];
     let p99_bound_ms = 2.0 * args.max_queue_delay_us as f64 / 1e3 + batch_compute_ms;
+    println!("{}", target.description);
 
     let mut series = Vec::new();
     for &encoding in &args.encodings {
-        let payloads = payloads(&digits, encoding)?;
+        let payloads = payloads(&target.inputs, target.input_name, encoding);
         for batched in [false, true] {
             let batching = if batched {
                 batching(args)
             } else {
                 BatcherConfig::unbatched()
             };
-            let (replicas, _) = classifier(args)?;
-            let running =
-                server(args, replicas, batching.clone())?.start("127.0.0.1:0".parse()?)?;
+            let running = (target.server)(batching.clone())?.start("127.0.0.1:0".parse()?)?;
             println!(
                 "\n{encoding:?} requests, max_batch_size {}, max_queue_delay {:?}, {} worker(s)",
                 batching.max_batch_size, batching.max_queue_delay, args.workers
@@ -426,7 +517,7 @@ fn bench(args: &Args) -> anyhow::Result<()> {
     println!("curves: {}", args.plot.display());
     if let Some(path) = &args.json {
         let report = BenchReport {
-            model: describe(args),
+            model: target.description.clone(),
             batching: batching(args),
             workers: args.workers,
             batch_compute_ms,
@@ -569,7 +660,11 @@ fn main() -> anyhow::Result<()> {
     } else if let Some(total) = args.mixed {
         mixed_run(&args, total)
     } else if let Some(addr) = args.load {
-        let payloads = payloads(&digits(256)?, args.encodings[0])?;
+        let inputs: Vec<HostTensor> = digits(256)?
+            .into_iter()
+            .map(|d| HostTensor::f32(1, MNIST_PIXELS, d))
+            .collect::<Result<_, _>>()?;
+        let payloads = payloads(&inputs, "input", args.encodings[0]);
         let config = LoadConfig {
             model: args.model.clone(),
             requests: args.requests,

@@ -219,11 +219,14 @@ pub fn plot(series: &[(&str, &[Level])], path: &Path) -> anyhow::Result<()> {
     let root = BitMapBackend::new(path, (1100, 450)).into_drawing_area();
     root.fill(&WHITE)?;
     let (left, right) = root.split_horizontally(550);
-    let max_c = series
+    // Concurrency on a log2 axis, labelled with the levels themselves.
+    let max_c = (series
         .iter()
         .flat_map(|(_, l)| l.iter().map(|l| l.concurrency))
         .max()
-        .unwrap_or(1) as f64;
+        .unwrap_or(1) as f64)
+        .log2()
+        .max(1.0);
     let panel = |area: &DrawingArea<BitMapBackend, plotters::coord::Shift>,
                  caption: &str,
                  y_desc: &str,
@@ -240,9 +243,12 @@ pub fn plot(series: &[(&str, &[Level])], path: &Path) -> anyhow::Result<()> {
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d((1.0..max_c).log_scale(), 0.0..max_y.max(1e-9))?;
+            .build_cartesian_2d(0.0..max_c, 0.0..max_y.max(1e-9))?;
         chart
             .configure_mesh()
+            .light_line_style(WHITE)
+            .x_labels(max_c as usize + 1)
+            .x_label_formatter(&|v| format!("{}", 2f64.powf(*v).round()))
             .x_desc("concurrent users")
             .y_desc(y_desc)
             .draw()?;
@@ -250,7 +256,7 @@ pub fn plot(series: &[(&str, &[Level])], path: &Path) -> anyhow::Result<()> {
             let color = Palette99::pick(i).to_rgba();
             let points: Vec<(f64, f64)> = levels
                 .iter()
-                .map(|l| (l.concurrency as f64, value(l)))
+                .map(|l| ((l.concurrency as f64).log2(), value(l)))
                 .collect();
             chart
                 .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
