@@ -67,6 +67,24 @@ pub enum MemoryError {
         /// The configured maximum.
         limit: u64,
     },
+    /// A [`MemoryCap`](crate::MemoryCap) refused work: the memory it would use, or the peak
+    /// it was measured to reach, passes the cap's limit.
+    #[error(
+        "over the memory cap: {needed} bytes would be used, more than the limit of {limit} \
+         ({in_use} in use before); {what}"
+    )]
+    OverCap {
+        /// The cap, in bytes.
+        limit: u64,
+        /// The figure that passed it: bytes in use plus the bytes asked for
+        /// ([`MemoryCap::reserve`](crate::MemoryCap::reserve)), or the measured peak
+        /// ([`MemoryCap::run`](crate::MemoryCap::run)).
+        needed: u64,
+        /// Bytes in use on the device when the check began.
+        in_use: u64,
+        /// What was refused.
+        what: String,
+    },
     /// A batch-size search found no batch size that fits.
     #[error("no batch size fits: the smallest tried, {batch_size}, {reason}")]
     NothingFits {

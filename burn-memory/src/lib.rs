@@ -26,6 +26,12 @@
 //!   - [`offload`]: tiered parameter offloading (device, host, compressed disk cache) with a
 //!     learned-order prefetcher.
 //!   - [`chunked_forward`]: inference over inputs too large for one pass, with bounded memory.
+//!   - [`StreamingForward`]: inference over host data (a host tensor or an iterator of host
+//!     chunks), a bounded number of chunks on the device at a time.
+//! - [`limit`]: a serving process inside its memory.
+//!   - [`release_cached`]: the allocator's cached blocks back to the device
+//!     (`torch.cuda.empty_cache`).
+//!   - [`MemoryCap`]: a per-device memory limit, checked before work and measured around it.
 //!
 //! - [`placement`]: consecutive layers placed on several devices (model parallelism).
 //!
@@ -57,6 +63,7 @@
 
 mod error;
 pub mod inference;
+pub mod limit;
 pub mod measure;
 #[cfg(test)]
 #[path = "../../testing/own_process.rs"]
@@ -65,7 +72,10 @@ pub mod placement;
 pub mod training;
 
 pub use error::MemoryError;
-pub use inference::{chunked_forward, offload};
+pub use inference::{
+    Streamed, StreamingForward, chunked_forward, offload, prefetch, stream_forward,
+};
+pub use limit::{MemoryCap, MemoryReleased, release_cached};
 #[cfg(feature = "wgpu")]
 pub use measure::wgpu_adapter;
 pub use measure::{

@@ -282,7 +282,7 @@ impl JsonTensor {
             DataType::Fp32 => 4,
             DataType::Int64 => 8,
         };
-        if bytes.len() % width != 0 {
+        if !bytes.len().is_multiple_of(width) {
             return Err(ServeError::bad(format!(
                 "tensor '{}': {} bytes of binary data are not whole {} elements",
                 self.name,

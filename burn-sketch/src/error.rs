@@ -20,6 +20,15 @@ pub enum SketchError {
         reason: &'static str,
     },
 
+    /// A value that must be a fraction in `[0, 1]` is not (a pruning amount).
+    #[error("invalid `{name}` = {value}: must be a fraction in [0, 1]")]
+    InvalidFraction {
+        /// The parameter at fault.
+        name: &'static str,
+        /// Its value, as given.
+        value: f64,
+    },
+
     /// A checkpoint lacks a tensor the layer needs.
     #[error("checkpoint has no tensor `{key}`")]
     MissingKey {

@@ -46,6 +46,7 @@ pub mod linalg;
 mod linear;
 pub mod nn;
 pub mod panther;
+pub mod prune;
 pub mod sketch;
 
 pub use backend::{Activation, KernelStrategy, SketchBackend, SketchWeights};

@@ -1,9 +1,12 @@
 //! burn-memory's tools, each run for real and measured: a profiled forward pass, a monitored
 //! training run (CSV and plots), gradient checkpointing's savings, mixed precision's speed and
-//! memory, a batch-size search and chunked inference.
+//! memory, a batch-size search, chunked inference, and serving: streaming from host data,
+//! releasing cached memory and a memory cap.
 //!
 //! ```text
 //! cargo run --release -p examples --example memory_tools                  # Flex (CPU)
+//! cargo run --release -p examples --example memory_tools -- --serving     # the serving part only
+//! cargo run --release -p examples --example memory_tools -- --serving --json serving.json
 //! cargo run --release -p examples --features ndarray --example memory_tools -- --backend ndarray
 //! cargo run --release -p examples --example memory_tools -- --backend wgpu
 //! cargo run --release -p examples --features cuda --example memory_tools -- --backend cuda
@@ -22,8 +25,9 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, ElementConversion, Tensor};
 use burn_memory::{
-    BatchSizeSearchConfig, Bytes, Checkpointing, DeviceMemory, MemoryBudget, MemoryMonitor,
-    MemoryTracker, MixedPrecisionConfig, Precision, WithAutodiff, chunked_forward,
+    BatchSizeSearchConfig, Bytes, Checkpointing, DeviceMemory, MemoryBudget, MemoryCap,
+    MemoryMonitor, MemoryTracker, MixedPrecisionConfig, Precision, StreamingForward, WithAutodiff,
+    chunked_forward, release_cached,
 };
 use clap::Parser;
 use examples::backend::BackendKind;
@@ -40,6 +44,12 @@ struct Args {
     /// Output directory (default `target/memory_tools/<backend>`).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Run only the serving section (streaming, cache release, memory cap).
+    #[arg(long)]
+    serving: bool,
+    /// Also write the serving section's figures to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 /// A deep MLP of residual blocks: linear, SiLU, residual add.
@@ -73,14 +83,20 @@ const BATCH: usize = 1024;
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    examples::with_backend!(args.backend, |B| run::<B>(args.backend.name(), args.out))
+    examples::with_backend!(args.backend, |B| run::<B>(args.backend.name(), &args))
 }
 
-fn run<B: DeviceMemory>(name: &str, out: Option<PathBuf>) -> anyhow::Result<()> {
-    let out = out.unwrap_or_else(|| PathBuf::from("target/memory_tools").join(name));
+fn run<B: DeviceMemory>(name: &str, args: &Args) -> anyhow::Result<()> {
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/memory_tools").join(name));
     std::fs::create_dir_all(&out)?;
     let device: B::Device = Default::default();
     println!("# burn-memory on {name}\n");
+    if args.serving {
+        return serving::<B>(&device, args.json.as_deref());
+    }
 
     // 1. Profiling one forward pass.
     let tracker = MemoryTracker::<B>::new(&device);
@@ -155,7 +171,121 @@ fn run<B: DeviceMemory>(name: &str, out: Option<PathBuf>) -> anyhow::Result<()> 
     println!("| | peak over before |\n|---|---|");
     println!("| one pass | {} |", Bytes(one_pass.peak_increase()));
     println!("| chunked | {} |", Bytes(in_chunks.peak_increase()));
-    println!("\nlargest difference between the two outputs: {diff:e}");
+    println!("\nlargest difference between the two outputs: {diff:e}\n");
+
+    // 7. Serving: streaming from host data, cache release, memory cap.
+    serving::<B>(&device, args.json.as_deref())
+}
+
+/// Rows and chunk size of the serving section: 16 MiB of f32 in and out.
+const SERVE_ROWS: usize = 8 * BATCH;
+const SERVE_CHUNK: usize = 512;
+
+/// Streaming inference from host data against one pass over the whole input (peak and time,
+/// one and two chunks in flight), `release_cached`, and a `MemoryCap` refusing the whole
+/// batch that streaming fits in.
+fn serving<B: DeviceMemory>(
+    device: &B::Device,
+    json: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let model = DeepMlp::<B>::new(WIDTH, DEPTH, device);
+    let values: Vec<f32> = (0..SERVE_ROWS * WIDTH)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let input = &burn::tensor::TensorData::new(values, [SERVE_ROWS, WIDTH]);
+    let forward = |x: Tensor<B, 2>| model.forward(x);
+    // Warm-up (kernel compilation, lazy weights), not measured.
+    let _ = StreamingForward::<B>::new(device, SERVE_CHUNK).forward(input.clone(), forward)?;
+    let tracker = MemoryTracker::<B>::new(device);
+
+    let timed = |f: &dyn Fn() -> anyhow::Result<burn::tensor::TensorData>| {
+        let start = Instant::now();
+        let result = f();
+        result.map(|data| (data, start.elapsed().as_secs_f64() * 1e3))
+    };
+    let whole_pass = || Ok(forward(Tensor::from_data(input.clone(), device)).into_data());
+    let streamed = |in_flight: usize| {
+        move || {
+            Ok(StreamingForward::<B>::new(device, SERVE_CHUNK)
+                .with_in_flight(in_flight)
+                .forward(input.clone(), forward)?)
+        }
+    };
+    let (whole, whole_report) = tracker.profile(|| timed(&whole_pass))?;
+    let (serial, serial_report) = tracker.profile(|| timed(&streamed(1)))?;
+    let (overlapped, overlapped_report) = tracker.profile(|| timed(&streamed(2)))?;
+    let ((whole, whole_ms), (serial, serial_ms), (overlapped, overlapped_ms)) =
+        (whole?, serial?, overlapped?);
+    let difference = |a: &burn::tensor::TensorData| -> anyhow::Result<f32> {
+        let (a, b) = (a.to_vec::<f32>()?, whole.to_vec::<f32>()?);
+        Ok(a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max))
+    };
+    let max_difference = difference(&serial)?.max(difference(&overlapped)?);
+    println!(
+        "## Serving: streaming from host data ({SERVE_ROWS} rows × {WIDTH} f32 in and out, \
+         {DEPTH}-layer MLP, chunks of {SERVE_CHUNK})\n"
+    );
+    println!("| | peak over before | ms |\n|---|---|---|");
+    println!(
+        "| whole input on the device | {} | {whole_ms:.0} |",
+        Bytes(whole_report.peak_increase())
+    );
+    println!(
+        "| streaming, 1 chunk in flight | {} | {serial_ms:.0} |",
+        Bytes(serial_report.peak_increase())
+    );
+    println!(
+        "| streaming, 2 chunks in flight | {} | {overlapped_ms:.0} |",
+        Bytes(overlapped_report.peak_increase())
+    );
+    println!("\nlargest difference from the whole input's output: {max_difference:e}\n");
+
+    // Release: after a whole-input pass, what the allocator keeps cached goes back.
+    drop(forward(Tensor::from_data(input.clone(), device)).into_data());
+    let released = release_cached::<B>(device)?;
+    println!("## Releasing cached memory after a whole-input pass\n\n{released}\n");
+
+    // A cap of what is in use plus 45 MB: streaming fits in it, the whole batch does not.
+    let in_use = tracker.usage()?.in_use;
+    let cap = MemoryCap::<B>::new(device, in_use + 45_000_000);
+    let whole_capped = cap.run(|| whole_pass().map(|_| ()));
+    let stream_capped = cap.run(|| {
+        StreamingForward::<B>::new(device, SERVE_CHUNK)
+            .with_cap(cap.clone())
+            .forward(input.clone(), forward)
+    });
+    println!(
+        "## A memory cap of in use + 45 MB ({})\n",
+        Bytes(cap.limit())
+    );
+    let whole_outcome = match &whole_capped {
+        Ok((_, report)) => format!("passed (peak {})", Bytes(report.peak)),
+        Err(error) => format!("refused: {error}"),
+    };
+    let stream_outcome = match &stream_capped {
+        Ok((Ok(_), report)) => format!("passed (peak {})", Bytes(report.peak)),
+        Ok((Err(error), _)) | Err(error) => format!("refused: {error}"),
+    };
+    println!("- whole input: {whole_outcome}\n- streaming: {stream_outcome}\n");
+
+    if let Some(path) = json {
+        let figures = serde_json::json!({
+            "rows": SERVE_ROWS,
+            "width": WIDTH,
+            "depth": DEPTH,
+            "chunk": SERVE_CHUNK,
+            "whole": { "peak_increase": whole_report.peak_increase(), "ms": whole_ms },
+            "streaming_1_in_flight": { "peak_increase": serial_report.peak_increase(), "ms": serial_ms },
+            "streaming_2_in_flight": { "peak_increase": overlapped_report.peak_increase(), "ms": overlapped_ms },
+            "max_difference": max_difference,
+            "release": released,
+            "cap": { "limit": cap.limit(), "whole": whole_outcome, "streaming": stream_outcome },
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&figures)?)?;
+    }
     Ok(())
 }
 

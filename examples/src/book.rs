@@ -22,6 +22,7 @@ pages! {
     Backends => "sketching/backends.md",
     CpuPrecision => "sketching/cpu-precision.md",
     LinearAlgebra => "sketching/linear-algebra.md",
+    Pruning => "sketching/pruning.md",
     MemoryOverview => "memory/overview.md",
     Measure => "memory/measure.md",
     FindThePeak => "memory/find-the-peak.md",

@@ -12,6 +12,7 @@ use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
 use burn_memory::{Layers, MixedPrecision, Segments, SharedMixedPrecision, segmented_backward};
 use burn_profiler::{StepProfiler, scope};
 use burn_sketch::nn::Int8Linear;
+use burn_sketch::prune::{MaskedLinear, PruneConfig, SparsityReport, shrink_pair};
 use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend};
 
 use crate::data::DigitBatch;
@@ -235,6 +236,148 @@ impl<B: Backend> Mlp<B> {
             .map(Int8Linear::from_linear);
         Int8Mlp {
             layers: hidden.chain(dense).collect(),
+        }
+    }
+}
+
+impl<B: Backend> Mlp<B> {
+    /// The network with its dense hidden layers pruned as `config` says, each keeping its
+    /// mask in the forward so that fine-tuning leaves the pruned weights at zero
+    /// (burn-sketch's `prune`); the small output layer is kept whole.
+    ///
+    /// # Errors
+    /// From the pruning (an amount outside `[0, 1]`); [`SketchError::Unsupported`] for an
+    /// MLP with sketched hidden layers, which this prunes no part of.
+    ///
+    /// [`SketchError::Unsupported`]: burn_sketch::SketchError::Unsupported
+    pub fn to_masked(
+        &self,
+        config: &PruneConfig,
+    ) -> Result<MaskedMlp<B>, burn_sketch::SketchError> {
+        self.dense_only()?;
+        let hidden = self
+            .dense
+            .iter()
+            .map(|layer| config.prune(layer.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(MaskedMlp {
+            hidden,
+            output: self.output.clone(),
+        })
+    }
+
+    /// The network with a fraction of each dense hidden layer's units removed for real:
+    /// `config` (a structured pruning) picks the rows of each hidden layer, and the rows and
+    /// the next layer's matching inputs are dropped, giving narrower dense layers.
+    ///
+    /// # Errors
+    /// As [`to_masked`](Self::to_masked); [`SketchError::Unsupported`] for an unstructured
+    /// `config`, which removes no whole unit; `InvalidShape` when a layer would keep no unit.
+    ///
+    /// [`SketchError::Unsupported`]: burn_sketch::SketchError::Unsupported
+    pub fn shrink_hidden(&self, config: &PruneConfig) -> Result<Self, burn_sketch::SketchError> {
+        self.dense_only()?;
+        let mut hidden = self.dense.clone();
+        let mut output = self.output.clone();
+        for i in 0..hidden.len() {
+            let masked = config.prune(hidden[i].clone())?;
+            let keep =
+                masked
+                    .kept_outputs()?
+                    .ok_or_else(|| burn_sketch::SketchError::Unsupported {
+                        what: "shrinking after unstructured pruning (it removes no whole unit)"
+                            .into(),
+                    })?;
+            let next = hidden.get(i + 1).unwrap_or(&output);
+            let (first, second) = shrink_pair(&masked.make_permanent(), next, &keep)?;
+            hidden[i] = first;
+            match hidden.get_mut(i + 1) {
+                Some(layer) => *layer = second,
+                None => output = second,
+            }
+        }
+        Ok(Self {
+            sketched: Vec::new(),
+            dense: hidden,
+            output,
+            amp: self.amp.clone(),
+            segments: self.segments.clone(),
+            profiler: self.profiler.clone(),
+        })
+    }
+
+    /// Widths of the hidden layers' outputs.
+    pub fn hidden_widths(&self) -> Vec<usize> {
+        let dense = self.dense.iter().map(|l| l.weight.dims()[1]);
+        self.sketched
+            .iter()
+            .map(|l| l.d_output())
+            .chain(dense)
+            .collect()
+    }
+
+    /// Parameters and zeros of each dense layer, the output layer included.
+    pub fn sparsity(&self) -> SparsityReport {
+        let mut report = SparsityReport::new();
+        for (i, layer) in self.dense.iter().enumerate() {
+            report.push(format!("hidden {}", i + 1), layer);
+        }
+        report.with("output", &self.output)
+    }
+
+    fn dense_only(&self) -> Result<(), burn_sketch::SketchError> {
+        if self.sketched.is_empty() {
+            Ok(())
+        } else {
+            Err(burn_sketch::SketchError::Unsupported {
+                what: "pruning the MLP's sketched hidden layers (prune SkLinear layers one by \
+                       one)"
+                    .into(),
+            })
+        }
+    }
+}
+
+/// [`Mlp`] with masked dense hidden layers ([`Mlp::to_masked`]), for fine-tuning after
+/// pruning.
+#[derive(Module, Debug)]
+pub struct MaskedMlp<B: Backend> {
+    hidden: Vec<MaskedLinear<B>>,
+    output: Linear<B>,
+}
+
+impl<B: Backend> MaskedMlp<B> {
+    /// Logits `[n, classes]` for inputs `[n, d_input]`.
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let x = self
+            .hidden
+            .iter()
+            .fold(x, |x, layer| relu(layer.forward(x)));
+        self.output.forward(x)
+    }
+
+    /// Parameters and zeros of each layer, as the forward uses them.
+    pub fn sparsity(&self) -> SparsityReport {
+        let mut report = SparsityReport::new();
+        for (i, layer) in self.hidden.iter().enumerate() {
+            report.push(format!("hidden {}", i + 1), layer);
+        }
+        report.with("output", &self.output)
+    }
+
+    /// The plain [`Mlp`], the zeros stored in its weights and no mask left.
+    pub fn make_permanent(self) -> Mlp<B> {
+        Mlp {
+            sketched: Vec::new(),
+            dense: self
+                .hidden
+                .into_iter()
+                .map(MaskedLinear::make_permanent)
+                .collect(),
+            output: self.output,
+            amp: SharedMixedPrecision::none(),
+            segments: None,
+            profiler: None,
         }
     }
 }

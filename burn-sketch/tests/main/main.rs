@@ -19,6 +19,7 @@ mod own_process;
 mod performer;
 mod placement;
 mod profiled;
+mod prune;
 mod seeded;
 mod transformer;
 mod wgpu;
