@@ -32,6 +32,9 @@ pub enum ServeError {
         /// How long it waited.
         waited_ms: f64,
     },
+    /// The batch would pass the replica's memory cap ([`crate::BurnModel::with_memory_cap`]).
+    #[error("not enough device memory for this batch: {0}")]
+    MemoryLimit(String),
     /// The server is shutting down and accepts no new requests.
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -53,14 +56,15 @@ pub enum ServeError {
 
 impl ServeError {
     /// The HTTP status of the error: 400 for a bad request, 404 for an unknown model, 413 for a
-    /// request over the batch size, 503 when overloaded or shutting down, 504 past the deadline,
+    /// request over the batch size, 503 when overloaded, over the memory cap or shutting down, 504
+    /// past the deadline,
     /// 500 when the model failed.
     pub fn status(&self) -> u16 {
         match self {
             Self::BadRequest(_) | Self::Invalid { .. } => 400,
             Self::UnknownModel(_) => 404,
             Self::TooLarge { .. } => 413,
-            Self::Overloaded { .. } | Self::ShuttingDown => 503,
+            Self::Overloaded { .. } | Self::MemoryLimit(_) | Self::ShuttingDown => 503,
             Self::DeadlineExceeded { .. } => 504,
             Self::Model(_) | Self::Io(_) => 500,
         }

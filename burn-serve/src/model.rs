@@ -6,8 +6,8 @@ use std::sync::Arc;
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_memory::DeviceMemory;
 use burn_memory::training::mixed_precision::Materialize;
+use burn_memory::{DeviceMemory, MemoryCap};
 use serde::{Deserialize, Serialize};
 
 use crate::{DataType, HostData, HostTensor, ServeError};
@@ -114,11 +114,13 @@ impl<B: Backend, M> Clone for Forward<B, M> {
 /// let out = model.infer(HostTensor::f32(3, 4, vec![0.5; 12]).unwrap()).unwrap();
 /// assert_eq!(out.shape(), &[3, 2]);
 /// ```
-pub struct BurnModel<B: Backend, M> {
+pub struct BurnModel<B: DeviceMemory, M> {
     model: M,
     device: B::Device,
     forward: Forward<B, M>,
     in_use: Option<u64>,
+    /// The memory cap and the bytes a row is expected to take, with [`BurnModel::with_memory_cap`].
+    cap: Option<(MemoryCap<B>, u64)>,
     /// When memory was last read: at most every [`MEMORY_PERIOD`], as a reading costs a system
     /// call on CPU backends.
     read_at: Option<std::time::Instant>,
@@ -127,7 +129,7 @@ pub struct BurnModel<B: Backend, M> {
 /// How often a replica reads its device's memory for the metrics.
 const MEMORY_PERIOD: std::time::Duration = std::time::Duration::from_millis(250);
 
-impl<B: Backend, M> std::fmt::Debug for BurnModel<B, M> {
+impl<B: DeviceMemory, M> std::fmt::Debug for BurnModel<B, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BurnModel")
             .field("device", &self.device)
@@ -135,7 +137,7 @@ impl<B: Backend, M> std::fmt::Debug for BurnModel<B, M> {
     }
 }
 
-impl<B: Backend, M: Module<B>> BurnModel<B, M> {
+impl<B: DeviceMemory, M: Module<B>> BurnModel<B, M> {
     /// A model whose input is `FP32` rows. Its parameters not yet drawn are drawn now, so that
     /// [`BurnModel::replicas`] share them.
     pub fn float(
@@ -150,6 +152,7 @@ impl<B: Backend, M: Module<B>> BurnModel<B, M> {
             forward: Forward::Float(Arc::new(forward)),
             in_use: None,
             read_at: None,
+            cap: None,
         }
     }
 
@@ -166,7 +169,17 @@ impl<B: Backend, M: Module<B>> BurnModel<B, M> {
             forward: Forward::Int(Arc::new(forward)),
             in_use: None,
             read_at: None,
+            cap: None,
         }
+    }
+
+    /// A checked memory cap (burn-memory's [`MemoryCap`]): before each batch, its bytes in use
+    /// plus `bytes_per_row` times its rows must stay within `limit` bytes, or the batch fails
+    /// with [`ServeError::MemoryLimit`] (503) without running. Measure `bytes_per_row` once
+    /// (burn-memory's `MemoryTracker::profile` of a forward, divided by its rows).
+    pub fn with_memory_cap(mut self, limit: u64, bytes_per_row: u64) -> Self {
+        self.cap = Some((MemoryCap::new(&self.device, limit), bytes_per_row));
+        self
     }
 
     /// One replica per device (the module forked to each): give them all to one
@@ -180,6 +193,10 @@ impl<B: Backend, M: Module<B>> BurnModel<B, M> {
                 forward: self.forward.clone(),
                 in_use: None,
                 read_at: None,
+                cap: self
+                    .cap
+                    .as_ref()
+                    .map(|(cap, per_row)| (MemoryCap::new(device, cap.limit()), *per_row)),
             })
             .collect()
     }
@@ -192,6 +209,10 @@ where
 {
     fn infer(&mut self, batch: HostTensor) -> Result<HostTensor, ServeError> {
         let rows = batch.rows();
+        if let Some((cap, per_row)) = &self.cap {
+            cap.reserve(per_row.saturating_mul(rows as u64))
+                .map_err(|error| ServeError::MemoryLimit(error.to_string()))?;
+        }
         let shape = [rows, batch.row_len()];
         let output = match (&self.forward, batch.into_data()) {
             (Forward::Float(forward), HostData::F32(values)) => {

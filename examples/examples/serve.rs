@@ -560,18 +560,14 @@ fn mixed_run(args: &Args, total: usize) -> anyhow::Result<()> {
     let samples = Arc::new(samples);
     let running = server(args, replicas, batching(args))?.start("127.0.0.1:0".parse()?)?;
     let usage = || Flex::memory_usage(&device, Flex::current_stream());
-    let run = |n| {
-        mixed::run(
-            running.addr(),
-            "mnist",
-            "input",
-            MNIST_PIXELS,
-            args.max_batch_size,
-            Arc::clone(&samples),
-            n,
-            16,
-        )
+    let target = mixed::MixedTarget {
+        addr: running.addr(),
+        model: "mnist".into(),
+        input_name: "input".into(),
+        row_len: MNIST_PIXELS,
+        max_batch: args.max_batch_size,
     };
+    let run = |n| mixed::run(&target, Arc::clone(&samples), n, 16);
     // A warm-up, so that the allocator's and the runtime's steady state is the baseline.
     run(1000)?;
     let warm = usage()?;

@@ -296,3 +296,30 @@ fn bad_settings_and_requests() {
         ServeError::BadRequest(_)
     ));
 }
+
+/// A batch that would pass the memory cap fails with `MemoryLimit` (503) without running; a
+/// cap with room runs it.
+#[test]
+fn memory_cap_refuses_a_batch_that_does_not_fit() {
+    let device = Default::default();
+    let net = Net::<Flex>::new(&device);
+    let tight = common::served(&net, &device).with_memory_cap(1, 1 << 20);
+    let batcher = Batcher::new(BatcherConfig::unbatched(), vec![tight]).unwrap();
+    let error = batcher
+        .submit(common::rows(1, 1), None)
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(error, ServeError::MemoryLimit(ref m) if m.contains("limit")),
+        "{error}"
+    );
+    assert_eq!(error.status(), 503);
+
+    let roomy = common::served(&net, &device).with_memory_cap(u64::MAX / 2, 1 << 20);
+    let replicas = roomy.replicas(&[device, device]);
+    let batcher = Batcher::new(BatcherConfig::unbatched(), replicas).unwrap();
+    let input = common::rows(3, 2);
+    let output = batcher.submit(input.clone(), None).unwrap().wait().unwrap();
+    common::assert_close(values(&output), &net.answer(&input, &device));
+}

@@ -76,19 +76,36 @@ pub struct Sample {
     pub expected: Vec<f32>,
 }
 
-/// Sends `total` requests of the mix from `users` connections to the model `model` (input
-/// `input_name`, rows of `row_len`, batches of at most `max_batch` rows), the good ones drawn
-/// from `samples`.
+/// Where the mix goes: a server, its model and the model's input.
+#[derive(Clone, Debug)]
+pub struct MixedTarget {
+    /// The server (loopback).
+    pub addr: SocketAddr,
+    /// The model.
+    pub model: String,
+    /// Its input's name.
+    pub input_name: String,
+    /// Elements per input row.
+    pub row_len: usize,
+    /// The model's `max_batch_size`.
+    pub max_batch: usize,
+}
+
+/// Sends `total` requests of the mix from `users` connections to `target`, the good ones
+/// drawn from `samples`.
 pub fn run(
-    addr: SocketAddr,
-    model: &str,
-    input_name: &str,
-    row_len: usize,
-    max_batch: usize,
+    target: &MixedTarget,
     samples: Arc<Vec<Sample>>,
     total: usize,
     users: usize,
 ) -> anyhow::Result<MixedReport> {
+    let MixedTarget {
+        addr,
+        row_len,
+        max_batch,
+        ..
+    } = *target;
+    let (model, input_name) = (target.model.as_str(), target.input_name.as_str());
     super::load::check_loopback(addr)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
