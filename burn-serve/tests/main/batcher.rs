@@ -318,7 +318,7 @@ fn memory_cap_refuses_a_batch_that_does_not_fit() {
 
     let roomy = common::served(&net, &device).with_memory_cap(u64::MAX / 2, 1 << 20);
     let replicas = roomy.replicas(&[device, device]);
-    let batcher = Batcher::new(BatcherConfig::unbatched(), replicas).unwrap();
+    let batcher = Batcher::new(config(4, 1, 8), replicas).unwrap();
     let input = common::rows(3, 2);
     let output = batcher.submit(input.clone(), None).unwrap().wait().unwrap();
     common::assert_close(values(&output), &net.answer(&input, &device));
