@@ -34,6 +34,7 @@ pages! {
     Placement => "memory/placement.md",
     DataParallel => "memory/data-parallel.md",
     ChunkedInference => "memory/chunked-inference.md",
+    Serving => "serving.md",
     BenchmarksOverview => "benchmarks/overview.md",
     Mnist => "benchmarks/mnist.md",
     Cpu => "benchmarks/cpu.md",
