@@ -42,8 +42,7 @@ use examples::lm::{Corpus, FORTUNES_DIR};
 use examples::mlp::Mlp;
 use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
-use examples::serve::load as loadgen;
-use examples::serve::load::{Level, LoadConfig, Payload};
+use examples::serve::loadgen::{self, Level, LoadConfig, Payload};
 use examples::serve::mixed::{self, Sample};
 use examples::serve::{
     MNIST_PIXELS, charlm_model, charlm_spec, load, mnist_checkpoint, mnist_spec,

@@ -1,7 +1,7 @@
 //! Pruning: weights removed by magnitude or whole output rows removed by norm, held as masks
 //! through fine-tuning, then made permanent or shrunk into smaller layers.
 //!
-//! PyTorch's `torch.nn.utils.prune`, for Burn's `Linear` and `Conv2d` and for [`SkLinear`]'s
+//! PyTorch's `torch.nn.utils.prune`, for Burn's `Linear` and `Conv2d` and for [`SkLinear`](crate::SkLinear)'s
 //! trained factors (its fixed sketches are never pruned):
 //!
 //! - [`PruneConfig`] says how much and how: [`PruneMethod::Magnitude`] removes the weights of

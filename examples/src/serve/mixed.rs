@@ -106,7 +106,7 @@ pub fn run(
         ..
     } = *target;
     let (model, input_name) = (target.model.as_str(), target.input_name.as_str());
-    super::load::check_loopback(addr)?;
+    super::loadgen::check_loopback(addr)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

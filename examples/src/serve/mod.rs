@@ -1,8 +1,8 @@
 //! The serving example's pieces: the two served models (the MNIST classifier and the character
-//! language model), their checkpoints, a load generator ([`load`]) and a run of mixed good and
+//! language model), their checkpoints, a load generator ([`loadgen`]) and a run of mixed good and
 //! bad requests ([`mixed`]).
 
-pub mod load;
+pub mod loadgen;
 pub mod mixed;
 
 use std::path::{Path, PathBuf};
