@@ -31,11 +31,15 @@ use burn::backend::Flex;
 use burn::data::dataset::Dataset;
 use burn::module::Module;
 use burn::tensor::{DType, Tensor, TensorData};
+use burn_memory::offload::{OffloadConfig, OffloadManager, OffloadSelection, OffloadedModel};
 use burn_memory::training::mixed_precision::CastParams;
 use burn_memory::{CountingAllocator, DeviceMemory};
 use burn_serve::protocol::{JsonTensor, binary_body};
-use burn_serve::{BatcherConfig, BurnModel, HostData, HostTensor, Servable, Server, ServerConfig};
+use burn_serve::{
+    BatcherConfig, BurnModel, HostData, HostTensor, Servable, ServeError, Server, ServerConfig,
+};
 use burn_sketch::cpu::HalfFlex;
+use burn_store::{ModuleSnapshot, SafetensorsStore};
 use clap::Parser;
 use examples::data::{DigitDataset, MEAN, STD};
 use examples::lm::{Corpus, FORTUNES_DIR};
@@ -96,6 +100,11 @@ struct Args {
     /// Requests that may wait; one more is answered 503.
     #[arg(long, default_value_t = 1024)]
     queue_capacity: usize,
+    /// The device's budget for the classifier's weights, in MB: a model larger than this is
+    /// served from burn-memory's offload tiers, one layer on the device at a time (`f32`
+    /// only; one replica).
+    #[arg(long, value_name = "MB")]
+    device_budget_mb: Option<u64>,
     /// Model replicas, one worker thread each.
     #[arg(long, default_value_t = 1)]
     workers: usize,
@@ -162,6 +171,17 @@ fn classifier(args: &Args) -> anyhow::Result<(Vec<Box<dyn Servable>>, ModelForwa
         examples::training::describe(&config),
         args.precision
     );
+    if let Some(budget_mb) = args.device_budget_mb {
+        let (budget, bytes) = (budget_mb * 1_000_000, mlp.num_params() as u64 * 4);
+        if bytes > budget && args.precision == Served::F32 {
+            println!(
+                "its {:.1} MB of weights exceed the device budget of {budget_mb} MB: offloaded",
+                bytes as f64 / 1e6
+            );
+            return offloaded(mlp, &config, &args.dir, budget);
+        }
+        println!("its weights fit the device budget: not offloaded");
+    }
     let workers = args.workers.max(1);
     fn boxed<S: Servable>(replicas: Vec<S>) -> Vec<Box<dyn Servable>> {
         replicas
@@ -211,6 +231,60 @@ fn classifier(args: &Args) -> anyhow::Result<(Vec<Box<dyn Servable>>, ModelForwa
             ))
         }
     }
+}
+
+/// The classifier on burn-memory's offload tiers, one layer on the device at a time, its
+/// weights read from a memory-mapped safetensors checkpoint straight to the host tier.
+struct Offloaded {
+    model: OffloadedModel<Flex, Mlp<Flex>>,
+    device: burn::tensor::Device<Flex>,
+}
+
+impl Servable for Offloaded {
+    fn infer(&mut self, batch: HostTensor) -> Result<HostTensor, ServeError> {
+        let rows = batch.rows();
+        let HostData::F32(pixels) = batch.into_data() else {
+            return Err(ServeError::BadRequest("FP32 pixels only".into()));
+        };
+        let x = Tensor::<Flex, 2>::from_data(
+            TensorData::new(pixels, [rows, MNIST_PIXELS]),
+            &self.device,
+        );
+        let logits = self
+            .model
+            .forward_layers((x - MEAN) / STD)
+            .map_err(|error| ServeError::Model(error.to_string()))?;
+        HostTensor::f32(rows, logits.dims()[1], host(logits))
+    }
+}
+
+/// One offloaded replica (the tiers belong to it), and the forward run directly.
+fn offloaded(
+    mlp: Mlp<Flex>,
+    config: &MlpConfig,
+    dir: &std::path::Path,
+    budget: u64,
+) -> anyhow::Result<(Vec<Box<dyn Servable>>, ModelForward)> {
+    let device = Default::default();
+    let path = dir.join("mnist-offload.safetensors");
+    mlp.save_into(&mut SafetensorsStore::from_file(&path).overwrite(true))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    let manager = OffloadManager::<Flex>::new(
+        OffloadConfig::new().with_device_budget_bytes(Some(budget)),
+        &device,
+    )?;
+    let model = manager
+        .wrap_checkpoint(
+            config.init::<Flex>(&device),
+            &path,
+            &OffloadSelection::default(),
+        )
+        .map_err(|wrap| wrap.error)?;
+    let replica: Box<dyn Servable> = Box::new(Offloaded { model, device });
+    Ok((
+        vec![replica],
+        Box::new(move |x| host(mlp.forward((x - MEAN) / STD))),
+    ))
 }
 
 /// Rows as they come back to the host.
