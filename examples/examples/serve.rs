@@ -287,6 +287,35 @@ fn offloaded(
     ))
 }
 
+/// The served classifier's accuracy on the embedded test digits, through its direct forward:
+/// a check that a precision or an offloaded copy still classifies.
+fn test_accuracy(forward: &ModelForward) -> anyhow::Result<f64> {
+    let test = Mnist::read(&Mnist::embedded_dir(), "t10k")?;
+    let pixels = test.rows * test.cols;
+    let device = Default::default();
+    let mut correct = 0;
+    for (images, labels) in test
+        .images
+        .chunks(500 * pixels)
+        .zip(test.labels.chunks(500))
+    {
+        let x: Vec<f32> = images.iter().map(|&p| p as f32 / 255.0).collect();
+        let logits = forward(Tensor::from_data(
+            TensorData::new(x, [labels.len(), pixels]),
+            &device,
+        ));
+        correct += logits
+            .chunks(logits.len() / labels.len())
+            .zip(labels)
+            .filter(|(row, label)| {
+                let best = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1));
+                best.map(|(i, _)| i) == Some(usize::from(**label))
+            })
+            .count();
+    }
+    Ok(correct as f64 / test.labels.len().max(1) as f64)
+}
+
 /// Rows as they come back to the host.
 fn host<B: burn::tensor::backend::Backend>(logits: Tensor<B, 2>) -> Vec<f32> {
     logits
@@ -614,6 +643,7 @@ struct MixedRun {
 
 fn mixed_run(args: &Args, total: usize) -> anyhow::Result<()> {
     let (replicas, forward) = classifier(args)?;
+    println!("test accuracy: {:.2} %", test_accuracy(&forward)? * 100.0);
     let device = Default::default();
     let digits = digits(64)?;
     let samples: Vec<Sample> = (0..64)
@@ -680,7 +710,8 @@ fn mixed_run(args: &Args, total: usize) -> anyhow::Result<()> {
 }
 
 fn serve(args: &Args) -> anyhow::Result<()> {
-    let (replicas, _) = classifier(args)?;
+    let (replicas, forward) = classifier(args)?;
+    println!("test accuracy: {:.2} %", test_accuracy(&forward)? * 100.0);
     let mut server = server(args, replicas, batching(args))?;
     if args.lm {
         let (lm, config) = charlm_model(
