@@ -362,6 +362,12 @@ fn platform(args: &Args) -> &'static str {
     }
 }
 
+/// The first test digit's label.
+fn first_label() -> anyhow::Result<u8> {
+    let test = Mnist::read(&Mnist::embedded_dir(), "t10k")?;
+    test.labels.first().copied().context("no test digits")
+}
+
 /// Test digits as pixel rows in `[0, 1]`.
 fn digits(count: usize) -> anyhow::Result<Vec<Vec<f32>>> {
     let test = DigitDataset::new(Mnist::read(&Mnist::embedded_dir(), "t10k")?);
@@ -739,14 +745,15 @@ fn serve(args: &Args) -> anyhow::Result<()> {
     println!("serving on http://{addr} (Ctrl-C stops after answering the requests received)");
     println!("  curl http://{addr}/v2/models/mnist");
     println!("  curl http://{addr}/metrics");
+    // A real request to try: the first test digit.
+    std::fs::create_dir_all(&args.dir)?;
+    let sample = args.dir.join("digit.json");
+    let (body, _) = request_body(&digits(1)?)?;
+    std::fs::write(&sample, body).with_context(|| format!("cannot write {}", sample.display()))?;
     println!(
-        "  curl -d '{{\"inputs\":[{{\"name\":\"input\",\"shape\":[1,784],\"datatype\":\"FP32\",\"data\":[{}]}}]}}' http://{addr}/v2/models/mnist/infer",
-        vec!["0"; MNIST_PIXELS]
-            .join(",")
-            .chars()
-            .take(20)
-            .collect::<String>()
-            + ",...784 values"
+        "  curl -d @{} http://{addr}/v2/models/mnist/infer   # a test digit, labelled {}",
+        sample.display(),
+        first_label()?
     );
     running.wait_for_ctrl_c()?;
     println!("stopped");
