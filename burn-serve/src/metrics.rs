@@ -139,14 +139,10 @@ impl ModelMetrics {
     /// A request answered with `outcome` (the HTTP status code, or why it failed) after
     /// `seconds`.
     pub fn observe_request(&self, outcome: &str, seconds: f64) {
-        self.observe_outcome(outcome);
-        self.latency.observe(seconds);
-    }
-
-    pub(crate) fn observe_outcome(&self, outcome: &str) {
         let mut labels = self.labels.clone();
         labels.push(("code".to_string(), outcome.to_string()));
         self.requests.get_or_create(&labels).inc();
+        self.latency.observe(seconds);
     }
 
     /// A batch of `rows` that took `seconds`.

@@ -391,7 +391,7 @@ async fn infer_version(
 }
 
 /// An answer to an inference request: JSON, or JSON and binary outputs.
-enum Answer {
+enum Reply {
     Json(InferResponse),
     Binary(Vec<u8>, usize),
 }
@@ -414,8 +414,8 @@ async fn infer_any(
         Err(err) => Err(err),
     };
     let response = match answer {
-        Ok(Answer::Json(response)) => axum::Json(response).into_response(),
-        Ok(Answer::Binary(body, length)) => (
+        Ok(Reply::Json(response)) => axum::Json(response).into_response(),
+        Ok(Reply::Binary(body, length)) => (
             [
                 (header::CONTENT_TYPE, "application/octet-stream".to_string()),
                 (HeaderName::from_static(HEADER_LENGTH), length.to_string()),
@@ -450,7 +450,7 @@ async fn run(
     body: &[u8],
     header_length: Option<usize>,
     arrived: Instant,
-) -> Result<Answer, ServeError> {
+) -> Result<Reply, ServeError> {
     let (json, binary) = split_body(body, header_length)?;
     let request: InferRequest = serde_json::from_slice(json)
         .map_err(|error| ServeError::bad(format!("malformed request: {error}")))?;
@@ -491,8 +491,8 @@ async fn run(
     Ok(match bytes {
         Some(bytes) => {
             let (body, length) = binary_body(&response, &[bytes]);
-            Answer::Binary(body, length)
+            Reply::Binary(body, length)
         }
-        None => Answer::Json(response),
+        None => Reply::Json(response),
     })
 }

@@ -51,6 +51,7 @@ use examples::serve::mixed::{self, Sample};
 use examples::serve::{
     MNIST_PIXELS, charlm_model, charlm_spec, load, mnist_checkpoint, mnist_spec,
 };
+use examples::training::evaluate_logits;
 use serde::Serialize;
 
 #[global_allocator]
@@ -287,33 +288,19 @@ fn offloaded(
     ))
 }
 
-/// The served classifier's accuracy on the embedded test digits, through its direct forward:
-/// a check that a precision or an offloaded copy still classifies.
+/// The served classifier's accuracy on the embedded test digits, through its direct forward
+/// (the examples' `evaluate_logits`, whose batches come normalised: the served forward takes
+/// pixels in `[0, 1]`): a check that a precision or an offloaded copy still classifies.
 fn test_accuracy(forward: &ModelForward) -> anyhow::Result<f64> {
-    let test = Mnist::read(&Mnist::embedded_dir(), "t10k")?;
-    let pixels = test.rows * test.cols;
+    let test = DigitDataset::new(Mnist::read(&Mnist::embedded_dir(), "t10k")?);
     let device = Default::default();
-    let mut correct = 0;
-    for (images, labels) in test
-        .images
-        .chunks(500 * pixels)
-        .zip(test.labels.chunks(500))
-    {
-        let x: Vec<f32> = images.iter().map(|&p| p as f32 / 255.0).collect();
-        let logits = forward(Tensor::from_data(
-            TensorData::new(x, [labels.len(), pixels]),
-            &device,
-        ));
-        correct += logits
-            .chunks(logits.len() / labels.len())
-            .zip(labels)
-            .filter(|(row, label)| {
-                let best = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1));
-                best.map(|(i, _)| i) == Some(usize::from(**label))
-            })
-            .count();
-    }
-    Ok(correct as f64 / test.labels.len().max(1) as f64)
+    let (_, accuracy) = evaluate_logits::<Flex>(&test, &device, |x| {
+        let [rows, _] = x.dims();
+        let logits = forward(x * STD + MEAN);
+        let classes = logits.len() / rows.max(1);
+        Tensor::from_data(TensorData::new(logits, [rows, classes]), &device)
+    });
+    Ok(accuracy)
 }
 
 /// Rows as they come back to the host.
@@ -360,12 +347,6 @@ fn platform(args: &Args) -> &'static str {
         Served::Bf16 => "burn-halfflex-bf16",
         Served::Int8 => "burn-flex-int8",
     }
-}
-
-/// The first test digit's label.
-fn first_label() -> anyhow::Result<u8> {
-    let test = Mnist::read(&Mnist::embedded_dir(), "t10k")?;
-    test.labels.first().copied().context("no test digits")
 }
 
 /// Test digits as pixel rows in `[0, 1]`.
@@ -748,12 +729,16 @@ fn serve(args: &Args) -> anyhow::Result<()> {
     // A real request to try: the first test digit.
     std::fs::create_dir_all(&args.dir)?;
     let sample = args.dir.join("digit.json");
-    let (body, _) = request_body(&digits(1)?)?;
+    let digit = DigitDataset::new(Mnist::read(&Mnist::embedded_dir(), "t10k")?)
+        .get(0)
+        .context("no test digits")?;
+    let pixels: Vec<f32> = digit.pixels.iter().map(|&p| p as f32 / 255.0).collect();
+    let (body, _) = request_body(&[pixels])?;
     std::fs::write(&sample, body).with_context(|| format!("cannot write {}", sample.display()))?;
     println!(
         "  curl -d @{} http://{addr}/v2/models/mnist/infer   # a test digit, labelled {}",
         sample.display(),
-        first_label()?
+        digit.label
     );
     running.wait_for_ctrl_c()?;
     println!("stopped");
