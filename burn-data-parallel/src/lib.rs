@@ -10,6 +10,11 @@
 //!   an MPI job (`mpirun`, `srun`) runs its peers, and the processes' gradients meet in MPI's
 //!   all-reduce ([`Mpi`]).
 //!
+//! Modules: `strategy` ([`DataParallel`] in the learner), `peer` ([`Peer`] on
+//! burn-collective), `bucket` (the gradients packed for one all-reduce), `step` (the reduction
+//! inside a mixed-precision step), `processes` (`Mpi`, the all-reduce across processes),
+//! `config` and `error`.
+//!
 //! Layers placed on several devices (model parallelism) are burn-memory's
 //! [`Placement`](burn_memory::Placement).
 //!
@@ -29,6 +34,7 @@ mod peer;
 mod processes;
 mod step;
 mod strategy;
+mod sync;
 
 pub use config::DataParallelConfig;
 pub use error::DistributedError;

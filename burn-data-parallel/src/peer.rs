@@ -24,57 +24,16 @@ use crate::{DataParallelConfig, DistributedError};
 /// A job for the peer's collective thread.
 type Job = Box<dyn FnOnce() + Send>;
 
-/// One peer of a data-parallel run on the (non-autodiff) backend `B`.
+/// One peer of a data-parallel run on the (non-autodiff) backend `B`, for a training loop of
+/// one's own; [`DataParallel`](super::DataParallel) runs one per device inside burn-train's
+/// learner.
 ///
-/// burn-collective's operations block until every peer has called them. A peer calls them on
-/// a thread of its own and waits for the answer at most the configured timeout, so that a peer
-/// that died or never arrived is an error, [`DistributedError::Timeout`], not a hang. Across
-/// the processes of an MPI job, the process's first peer polls MPI's non-blocking all-reduce
-/// until the timeout, and names the ranks that never came
-/// ([`DistributedError::ProcessesLost`]). After a timeout the peer is spent: its thread may
-/// stay blocked in burn-collective until the process ends, and every later call fails at once.
-///
-/// [`DataParallel`](super::DataParallel) runs one per device inside burn-train's learner; a
-/// training loop of one's own uses it directly:
-///
-/// ```
-/// use std::time::Duration;
-/// use burn::backend::{Autodiff, Flex};
-/// use burn::module::Module;
-/// use burn::nn::LinearConfig;
-/// use burn::optim::GradientsParams;
-/// use burn::tensor::Tensor;
-/// use burn_data_parallel::{DataParallelConfig, Peer};
-///
-/// type B = Autodiff<Flex>;
-/// let config = DataParallelConfig::new().with_timeout(Duration::from_secs(30));
-/// let model = LinearConfig::new(4, 2).init::<B>(&Default::default());
-/// // Burn initialises parameters at first use: initialise them before copying the model, or
-/// // each copy draws its own weights (and `check_replicas` refuses them).
-/// let _ = (model.weight.val(), model.bias.as_ref().map(|bias| bias.val()));
-/// // Two threads of this process are the two peers; each trains a replica on its shard.
-/// let grads: Vec<_> = std::thread::scope(|scope| {
-///     let handles: Vec<_> = (0..2)
-///         .map(|rank| {
-///             let (config, model) = (&config, model.clone());
-///             scope.spawn(move || {
-///                 let peer = Peer::<Flex>::join(rank, 2, Default::default(), config)?;
-///                 peer.check_replicas(&model)?;
-///                 let x = Tensor::<B, 2>::full([3, 4], rank as f32 + 1.0, &Default::default());
-///                 let grads = GradientsParams::from_grads(model.forward(x).sum().backward(), &model);
-///                 let (mean, _) = peer.mean_gradients(&model, grads, false)?;
-///                 peer.leave()?;
-///                 Ok::<_, burn_data_parallel::DistributedError>(mean)
-///             })
-///         })
-///         .collect();
-///     handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
-/// });
-/// // Both peers hold the mean of the two gradients: that of inputs 1.5 on one device.
-/// let weight = |g: &GradientsParams| g.get::<Flex, 2>(model.weight.id).unwrap().into_data();
-/// assert_eq!(weight(&grads[0]), weight(&grads[1]));
-/// # Ok::<(), burn_data_parallel::DistributedError>(())
-/// ```
+/// burn-collective's operations block until every peer has called them, so a peer calls them
+/// on a thread of its own and waits at most the configured timeout: a peer that died or never
+/// arrived is [`DistributedError::Timeout`] (across MPI processes,
+/// [`DistributedError::ProcessesLost`], naming the ranks), not a hang. After a timeout the peer
+/// is spent: its thread may stay blocked until the process ends, and every later call fails at
+/// once. A two-thread example is in the book's chapter on data-parallel training.
 pub struct Peer<B: Backend> {
     id: PeerId,
     /// This peer's index among the peers of its process.

@@ -20,30 +20,24 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, CommunicatorCollectives, Destination, Source};
 
 use crate::DistributedError;
+use crate::sync::lock;
 
-/// MPI in this process, from [`init`](Self::init) until it is dropped (which finalises MPI).
-/// Hold it in `main` for as long as any data-parallel run with
-/// [`DataParallelConfig::mpi`](crate::DataParallelConfig::mpi) lasts.
-///
-/// After a run lost a process ([`DistributedError::ProcessesLost`]), dropping it does not
-/// finalise MPI: Open MPI's finalisation waits for every process of the job, the lost one
-/// included, and would hang. The process should then exit.
-///
-/// A process that already initialised MPI itself (with the `mpi` crate or through a C library)
-/// needs no `Mpi`: the runs use MPI's world communicator whoever initialised it, at threading
-/// level `Serialized` or above.
+/// MPI in this process, from [`init`](Self::init) until it is dropped (which finalises MPI):
+/// hold it in `main` while any run with
+/// [`DataParallelConfig::mpi`](crate::DataParallelConfig::mpi) lasts. A process that initialised
+/// MPI itself needs none. After a lost process ([`DistributedError::ProcessesLost`]) dropping it
+/// does not finalise MPI, which would wait for the lost process: exit instead.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), burn_data_parallel::DistributedError> {
-/// use burn::backend::{Autodiff, Flex};
+/// # use burn::backend::{Autodiff, Flex};
 /// use burn_data_parallel::{DataParallel, DataParallelConfig, Mpi};
 ///
 /// // Launched as `mpirun -np 4 ./train`: each process is one rank, with one peer here.
-/// let mpi = Mpi::init()?; // finalises MPI when dropped: keep it until training ends
+/// let mpi = Mpi::init()?;
 /// let config = DataParallelConfig::new().with_mpi(true);
 /// let parallel = DataParallel::<Autodiff<Flex>>::new(vec![Default::default()], config)?;
 /// assert_eq!(parallel.world_size(), mpi.size() as usize);
-/// // ... `training.with_training_strategy(parallel.strategy()).launch(learner)`
 /// # Ok(()) }
 /// ```
 pub struct Mpi {
@@ -215,7 +209,7 @@ impl ProcessGroup {
         timeout: Duration,
     ) -> Result<Vec<f32>, Lost> {
         let start = Instant::now();
-        let mut state = burn_memory::lock(&self.state);
+        let mut state = lock(&self.state);
         state.operations += 1;
         let operation = state.operations;
         self.announce(&mut state, operation);

@@ -3,7 +3,7 @@
 //! gradients, and every peer must make the same decision.
 //!
 //! The strategy runs each step of a peer inside burn-memory's
-//! [`with_gradient_reduction`](burn_memory::with_gradient_reduction) with a [`StepReduction`];
+//! [`with_gradient_reduction`](burn_memory::hooks::with_gradient_reduction) with a [`StepReduction`];
 //! [`MixedPrecision::unscale`](burn_memory::MixedPrecision::unscale) calls it on the
 //! still-scaled gradients (reducing before unscaling is PyTorch's order too: the mean of
 //! scaled gradients, then one overflow check on identical values). A step that did not reduce
@@ -14,7 +14,7 @@ use std::rc::Rc;
 
 use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;
-use burn_memory::GradientReduction;
+use burn_memory::hooks::GradientReduction;
 
 use crate::bucket::GradientLayout;
 use crate::{DistributedError, Peer};

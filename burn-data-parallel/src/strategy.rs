@@ -18,56 +18,28 @@ use burn::train::{
     TrainingStrategy, ValidLoader,
 };
 
-use burn_memory::training::mixed_precision::Materialize;
-use burn_memory::{DeviceTransfer, with_gradient_reduction};
+use burn_memory::hooks::{fork_replica, with_gradient_reduction};
+use burn_memory::{DeviceTransfer, draw_params};
 
 use crate::bucket::GradientLayout;
 use crate::config::Processes;
 use crate::step::StepReduction;
+use crate::sync::lock;
 use crate::{DataParallelConfig, DistributedError, Peer};
 
 /// burn-collective keeps one collective per process and backend: one run at a time.
 static RUN: Mutex<()> = Mutex::new(());
 
 /// Data-parallel training for burn-train's learner: one peer per device (a thread each), every
-/// peer training a replica of the model on its shard of the data, the gradients averaged over
-/// all peers (of every process, with [`DataParallelConfig::mpi`]) before each optimizer step.
+/// peer training a replica of the model on its equal shard of the data, the gradients averaged
+/// over all peers (of every process, with [`DataParallelConfig::mpi`]) before each optimizer
+/// step, so that `N` peers at batch `b` train as one device at batch `N·b`.
 ///
-/// - **Shards**: the training data is cut into one equal shard per peer of the run (the last
-///   `len % peers` items are left out of the epoch), so every peer takes the same number of
-///   steps. A peer's batch size is the loader's: `N` peers at batch `b` train as one device at
-///   batch `N·b`, with the same gradients (up to rounding) for models without batch statistics.
-/// - **Replicas**: at the start every peer checks, in one all-reduce, that all hold the same
-///   parameters, fixed sketches included ([`DistributedError::ReplicasDiffer`] otherwise).
-/// - **Gradients**: one all-reduce per step of all gradients in one bucket. Under burn-memory's
-///   [`MixedPrecision`](burn_memory::MixedPrecision), the still-scaled gradients are reduced inside the
-///   step, before unscaling, so that every peer takes the same skip decision.
-/// - **Main peer**: rank 0 validates, writes checkpoints, decides early stopping and ends the
-///   dashboard's epochs; every local peer reports its training items.
-/// - **Faults**: every collective operation waits at most
-///   [`timeout`](DataParallelConfig::timeout); the run then stops and [`report`](Self::report)
-///   returns the error. A stop asked on any peer (the interrupter) is applied by all after the
-///   same step.
-///
-/// ```no_run
-/// # use burn::backend::{Autodiff, Flex};
-/// # fn run<LC: burn::train::LearningComponentsTypes<Backend = Autodiff<Flex>> + Send + 'static>(
-/// #     training: burn::train::SupervisedTraining<LC>, learner: burn::train::Learner<LC>,
-/// # ) -> Result<(), burn_data_parallel::DistributedError> {
-/// use burn_data_parallel::{DataParallel, DataParallelConfig};
-///
-/// // Two peers on the one Flex device: two threads, each on half of the data.
-/// let parallel = DataParallel::<Autodiff<Flex>>::new(
-///     vec![Default::default(); 2],
-///     DataParallelConfig::new(),
-/// )?;
-/// let result = training
-///     .with_training_strategy(parallel.strategy())
-///     .launch(learner);
-/// let report = parallel.report()?; // the run's error, if a peer failed
-/// println!("{report}");
-/// # Ok(()) }
-/// ```
+/// Replicas are checked at the start, every collective operation waits at most the
+/// [`timeout`](DataParallelConfig::timeout), and under burn-memory's mixed precision every peer
+/// takes the same skip decision; rank 0 validates and checkpoints. Give the learner
+/// [`strategy`](Self::strategy) and read [`report`](Self::report) after the run: the book's
+/// chapter on data-parallel training shows both, and what each step does.
 pub struct DataParallel<B: AutodiffBackend> {
     devices: Vec<B::Device>,
     config: DataParallelConfig,
@@ -157,7 +129,7 @@ impl<B: AutodiffBackend> DataParallel<B> {
     /// burn-collective's refusal, ranks of an MPI job that were lost;
     /// [`DistributedError::InvalidConfig`] when no run happened.
     pub fn report(&self) -> Result<DataParallelReport, DistributedError> {
-        burn_memory::lock(&self.outcome).clone().unwrap_or_else(|| {
+        lock(&self.outcome).clone().unwrap_or_else(|| {
             Err(DistributedError::InvalidConfig(
                 "no data-parallel run has happened: give `strategy()` to the learner first".into(),
             ))
@@ -217,7 +189,7 @@ where
     ) -> (TrainingModel<LC>, SupervisedTrainingEventProcessor<LC>) {
         let start = Instant::now();
         let fail = |error: DistributedError| {
-            *burn_memory::lock(&self.outcome) = Some(Err(error));
+            *lock(&self.outcome) = Some(Err(error));
         };
         let Ok(_run) = RUN.try_lock() else {
             fail(DistributedError::Busy);
@@ -226,7 +198,7 @@ where
         // Burn initialises parameters at their first use, and a copy made before that draws
         // values of its own: the replicas below must copy initialised parameters.
         let model = learner.model();
-        model.visit(&mut Materialize);
+        draw_params(&model);
         learner.load_model(model.into_record());
         // A fresh collective: an earlier run's peers are gone.
         crate::peer::reset_collectives::<Inner<LC>>();
@@ -288,7 +260,7 @@ where
                 .collect(),
         };
         tracing::info!("data-parallel training: {report}");
-        *burn_memory::lock(&self.outcome) = Some(Ok(report));
+        *lock(&self.outcome) = Some(Ok(report));
         let model = runs.into_iter().next().expect("one peer at least").model;
         (model, processor)
     }
@@ -379,7 +351,7 @@ where
         device.clone(),
         shared.config,
     )?);
-    burn_memory::fork_replica(|| learner.fork(&device));
+    fork_replica(|| learner.fork(&device));
     peer.check_replicas(&learner.model())?;
     let layout = Rc::new(GradientLayout::of(&learner.model()));
     let (mut steps, mut items, mut collective) = (0, 0, Duration::ZERO);
@@ -504,7 +476,7 @@ fn train_epoch<LC: LearningComponentsTypes>(
             Some(iteration),
             Some(learner.lr_current()),
         );
-        burn_memory::lock(shared.processor).process_train(LearnerEvent::ProcessedItem(item));
+        lock(shared.processor).process_train(LearnerEvent::ProcessedItem(item));
         if any_stop {
             run.stop = true;
             break;
@@ -524,7 +496,7 @@ fn end_epoch<LC: LearningComponentsTypes>(
     stopping: bool,
 ) -> bool {
     let epoch = global_progress.items_processed;
-    burn_memory::lock(shared.processor).process_train(LearnerEvent::EndEpoch(epoch));
+    lock(shared.processor).process_train(LearnerEvent::EndEpoch(epoch));
     if stopping {
         return false;
     }
@@ -559,12 +531,12 @@ fn validate<LC: LearningComponentsTypes>(
             Some(iteration),
             None,
         );
-        burn_memory::lock(shared.processor).process_valid(LearnerEvent::ProcessedItem(item));
+        lock(shared.processor).process_valid(LearnerEvent::ProcessedItem(item));
         if shared.interrupter.should_stop() {
             break;
         }
     }
-    burn_memory::lock(shared.processor).process_valid(LearnerEvent::EndEpoch(epoch));
+    lock(shared.processor).process_valid(LearnerEvent::EndEpoch(epoch));
 }
 
 fn panic_message(panic: &(dyn Any + Send)) -> String {

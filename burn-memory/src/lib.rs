@@ -1,7 +1,7 @@
 //! Memory tooling for Burn training, Burn-native and on every backend: what PyTorch users get
 //! from `torch.cuda.memory_allocated`, `torch.utils.checkpoint`, `torch.amp` and Lightning's
-//! batch-size finder. The modules follow what a user is doing; every item is also re-exported
-//! here at the crate root.
+//! batch-size finder. The modules follow what a user is doing; their items are also re-exported
+//! here at the crate root (the offload tools as [`offload`]), except those of [`hooks`].
 //!
 //! - [`measure`]: how much memory a step takes and where it peaks.
 //!   - [`MemoryTracker`]: bytes in use, reserved and peak on a device;
@@ -32,8 +32,14 @@
 //!   - [`release_cached`]: the allocator's cached blocks back to the device
 //!     (`torch.cuda.empty_cache`).
 //!   - [`MemoryCap`]: a per-device memory limit, checked before work and measured around it.
-//!
 //! - [`placement`]: consecutive layers placed on several devices (model parallelism).
+//!
+//! Shared by several of these: [`Layers`] (a model as a sequence of layers, which segment
+//! checkpointing, offloading and placement take) and [`draw_params`] (lazily initialised
+//! parameters drawn once, before a model is copied).
+//!
+//! [`hooks`] is not a user API: it is how burn-data-parallel reaches mixed precision and how
+//! burn-profiler starts the allocation log.
 //!
 //! The per-operation profiler (`Profiled<B>`, memory snapshots, the viewer) is
 //! [burn-profiler](https://docs.rs/burn-profiler), and data-parallel training is
@@ -62,19 +68,24 @@
 #![warn(missing_docs)]
 
 mod error;
+pub mod hooks;
 pub mod inference;
+mod layers;
 pub mod limit;
 pub mod measure;
 #[cfg(test)]
 #[path = "../../testing/own_process.rs"]
 mod own_process;
+mod params;
 pub mod placement;
+mod sync;
 pub mod training;
 
 pub use error::MemoryError;
 pub use inference::{
     Streamed, StreamingForward, chunked_forward, offload, prefetch, stream_forward,
 };
+pub use layers::Layers;
 pub use limit::{MemoryCap, MemoryReleased, release_cached};
 #[cfg(feature = "wgpu")]
 pub use measure::wgpu_adapter;
@@ -86,22 +97,14 @@ pub use measure::{
 pub use measure::{DeviceMemoryMetric, MemoryQuantity};
 #[cfg(feature = "plot")]
 pub use measure::{PlotFormat, register_plot_font};
+pub use params::draw_params;
 pub use placement::{DeviceTransfer, MapLayer, Placed, Placement, ToDevice};
 pub use training::{
     BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, BatchTrial, BatchTrialFailure,
-    BatchTrialOutcome, Checkpointing, GradientReduction, Layers, LossScale, MemoryBudget,
-    MixedPrecision, MixedPrecisionConfig, MixedPrecisionRecord, Precision, SegmentSeeds,
-    SegmentState, SegmentedGrads, Segments, SharedMixedPrecision, StepOutcome, WithAutodiff,
-    fork_replica, segmented_backward, with_gradient_reduction,
+    BatchTrialOutcome, Checkpointing, LossScale, MemoryBudget, MixedPrecision,
+    MixedPrecisionConfig, MixedPrecisionRecord, Precision, SegmentSeeds, SegmentState,
+    SegmentedGrads, Segments, SharedMixedPrecision, StepOutcome, WithAutodiff, segmented_backward,
 };
-
-/// Locks `mutex`, taking over a poisoned lock: every state behind this workspace's mutexes is
-/// updated by plain assignments, so a panic elsewhere cannot leave it half-written.
-pub fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// The crate README's example, compiled and run as a doctest so that it stays true.
 #[doc = include_str!("../README.md")]

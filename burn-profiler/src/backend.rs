@@ -5,7 +5,7 @@
 //! forwarded to `B`'s, including those with a default implementation (a default would
 //! decompose the operation into others and bypass `B`'s own kernel). The forwarding of the
 //! operation traits is generated from Burn's sources into [`ops`](super::ops) by
-//! `cargo xtask backend-ops`; the few methods written here are the [`Backend`] trait's own
+//! `cargo backend-ops`; the few methods written here are the [`Backend`] trait's own
 //! and the transaction, whose primitive must be rebuilt for `B`.
 
 use std::marker::PhantomData;

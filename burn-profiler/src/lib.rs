@@ -13,6 +13,14 @@
 //! - [`Profile`]: what a run recorded, as a [`KeyAverages`] table (`Display` and JSON) and a
 //!   Chrome trace ([`Profile::write_chrome_trace`]) that opens in Perfetto or
 //!   `chrome://tracing`.
+//! - [`Profile::write_memory_snapshot`] (PyTorch's memory snapshot, for its viewers) and
+//!   [`Profile::write_viewer`] (a self-contained HTML viewer); [`StepProfiler`] and
+//!   [`write_profile`] write every format for a window of training steps.
+//!
+//! Modules: `backend` and the generated `ops` (the forwarding), [`record`] (what an operation
+//! records, in the process's one session), `table`, `trace`, `snapshot`, `viewer` and `steps`
+//! (what a profile writes). On CPU backends the heap's allocations come from burn-memory's
+//! allocation log ([`burn_memory::hooks`]).
 //!
 //! Times are host times (the inner backend's method returning) unless
 //! [`ProfilerConfig::sync_each_op`] is on: a lazy backend (`Wgpu`, `Cuda`, anything under
@@ -51,12 +59,13 @@ mod ops;
 pub mod record;
 mod snapshot;
 mod steps;
+mod sync;
 mod table;
 mod trace;
 mod viewer;
 
 pub use backend::Profiled;
-pub use burn_memory::measure::heap::{AllocAction, AllocEvent};
+pub use burn_memory::hooks::{AllocAction, AllocEvent};
 pub use error::ProfileError;
 pub use record::{OpEvent, ScopeEvent, TensorDesc};
 
@@ -65,8 +74,9 @@ pub use table::{KeyAverages, KeyAveragesRow, RowKind, SortBy};
 
 use std::sync::atomic::Ordering;
 
-use burn_memory::{DeviceMemory, MemoryUsage, lock};
+use burn_memory::{DeviceMemory, MemoryUsage};
 use record::{ACTIVE, OPEN_SCOPES, OpenScope, RECORDING, Recording, SESSION, Settings};
+use sync::lock;
 
 /// What a [`Profiler`] records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,7 +162,7 @@ impl Profiler {
         device: &B::Device,
     ) -> Result<Self, ProfileError> {
         let sampler: record::Sampler = if B::SOURCE == burn_memory::MemorySource::Process
-            && burn_memory::measure::heap::counts().is_some()
+            && burn_memory::hooks::heap_counts().is_some()
         {
             cpu_sampler()
         } else {
@@ -192,12 +202,7 @@ impl Profiler {
         if log_allocations {
             // Under `RECORDING`'s lock, so that no other profiler starts meanwhile; the
             // allocator never takes that lock, so allocating the log's buffer here is safe.
-            burn_memory::measure::heap::start_log(
-                config.max_entries,
-                started,
-                session,
-                record::alloc_site,
-            );
+            burn_memory::hooks::start_log(config.max_entries, started, session, record::alloc_site);
         }
         record::RECORD_SHAPES.store(config.record_shapes, Ordering::Relaxed);
         record::SYNC_EACH_OP.store(config.sync_each_op, Ordering::Relaxed);
@@ -244,18 +249,13 @@ impl Profiler {
     }
 
     /// Ends the session, if still this one, returning its recording and allocation log.
-    fn end(
-        &self,
-    ) -> (
-        Option<Recording>,
-        Option<burn_memory::measure::heap::AllocLog>,
-    ) {
+    fn end(&self) -> (Option<Recording>, Option<burn_memory::hooks::AllocLog>) {
         let mut recording = lock(&RECORDING);
         if SESSION.load(Ordering::Relaxed) != self.session {
             return (None, None);
         }
         ACTIVE.store(false, Ordering::Relaxed);
-        let log = burn_memory::measure::heap::stop_log();
+        let log = burn_memory::hooks::stop_log();
         (recording.take(), log)
     }
 }
@@ -310,7 +310,7 @@ impl From<Option<Recording>> for Profile {
 fn cpu_sampler() -> record::Sampler {
     let resident = std::sync::Mutex::new(None::<(std::time::Instant, u64)>);
     Box::new(move || {
-        let (in_use, _) = burn_memory::measure::heap::counts()?;
+        let (in_use, _) = burn_memory::hooks::heap_counts()?;
         let mut cached = lock(&resident);
         let stale =
             cached.is_none_or(|(at, _)| at.elapsed() >= std::time::Duration::from_millis(1));

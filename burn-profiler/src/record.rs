@@ -18,8 +18,10 @@ use burn::tensor::TensorMetadata;
 use burn::tensor::backend::ExecutionError;
 use serde::Serialize;
 
-use burn_memory::measure::heap::AllocSite;
-use burn_memory::{MemoryUsage, lock};
+use burn_memory::MemoryUsage;
+use burn_memory::hooks::AllocSite;
+
+use crate::sync::lock;
 
 /// A tensor an operation read or produced: its shape and element type.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -46,7 +46,7 @@ use std::path::Path;
 
 use super::Profile;
 use crate::ProfileError;
-use burn_memory::measure::heap::{AllocAction, AllocEvent};
+use burn_memory::hooks::{AllocAction, AllocEvent};
 
 /// The most items under one `MARK`.
 const BATCH: usize = 1000;

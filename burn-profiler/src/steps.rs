@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::{Profile, Profiler, SortBy};
-use crate::{ProfileError, lock};
+use crate::ProfileError;
+use crate::sync::lock;
 
 /// Starts the profiler when the window opens (the caller chooses memory sampling).
 type Start = Box<dyn Fn() -> Result<Profiler, ProfileError> + Send + Sync>;

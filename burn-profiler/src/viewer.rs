@@ -27,7 +27,7 @@ use serde::Serialize;
 use super::Profile;
 use super::table::RowKind;
 use crate::ProfileError;
-use burn_memory::measure::heap::AllocAction;
+use burn_memory::hooks::AllocAction;
 
 const TEMPLATE: &str = include_str!("viewer/viewer.html");
 const SCRIPT: &str = include_str!("viewer/viewer.js");

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::metrics::ModelMetrics;
+use crate::sync::lock;
 use crate::{HostTensor, Servable, ServeError};
 
 /// How requests are grouped into batches.
@@ -76,40 +77,18 @@ struct Shared {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
         // A worker never panics while holding the lock (the model runs outside it).
-        self.queue
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.queue)
     }
 }
 
-/// A queue of requests served in batches by one worker thread per model replica.
+/// A queue of requests served in batches by one worker thread per model replica: a batch runs
+/// when it holds `max_batch_size` rows or its oldest request has waited `max_queue_delay`
+/// ([`BatcherConfig`]), so that a model runs on batches without its callers coordinating. The
+/// queue is bounded ([`ServeError::Overloaded`]), a failing or panicking model fails its batch
+/// only, and [`shutdown`](Self::shutdown) answers every accepted request. The [`Server`] runs
+/// one per model; an example without it is in the book's chapter "Serving a model".
 ///
-/// ```
-/// use std::time::Duration;
-/// use burn_serve::{Batcher, BatcherConfig, HostTensor, HostData, Servable, ServeError};
-///
-/// /// Doubles its input.
-/// struct Double;
-/// impl Servable for Double {
-///     fn infer(&mut self, batch: HostTensor) -> Result<HostTensor, ServeError> {
-///         let HostData::F32(values) = batch.data() else { unreachable!() };
-///         let doubled = values.iter().map(|v| v * 2.0).collect();
-///         HostTensor::new(batch.shape().to_vec(), HostData::F32(doubled))
-///     }
-/// }
-///
-/// let config = BatcherConfig { max_batch_size: 8, max_queue_delay: Duration::from_millis(1), queue_capacity: 64 };
-/// let batcher = Batcher::new(config, vec![Double])?;
-/// let tickets: Vec<_> = (0..4)
-///     .map(|i| batcher.submit(HostTensor::f32(1, 2, vec![i as f32, 1.0])?, None))
-///     .collect::<Result<_, _>>()?;
-/// for (i, ticket) in tickets.into_iter().enumerate() {
-///     let out = ticket.wait()?;
-///     assert_eq!(out.data(), &HostData::F32(vec![2.0 * i as f32, 2.0]));
-/// }
-/// batcher.shutdown();
-/// # Ok::<(), ServeError>(())
-/// ```
+/// [`Server`]: crate::Server
 pub struct Batcher {
     shared: Arc<Shared>,
     workers: Mutex<Vec<JoinHandle<()>>>,
@@ -250,12 +229,7 @@ impl Batcher {
     pub fn shutdown(&self) {
         self.shared.lock().open = false;
         self.shared.work.notify_all();
-        let workers = std::mem::take(
-            &mut *self
-                .workers
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        );
+        let workers = std::mem::take(&mut *lock(&self.workers));
         for worker in workers {
             if worker.join().is_err() {
                 tracing::warn!("a burn-serve worker thread panicked");

@@ -12,6 +12,10 @@
 //! - [`BurnModel`]: any Burn module with its forward function as a [`Servable`] replica.
 //! - [`Client`]: a client of the protocol on one keep-alive connection.
 //!
+//! Modules: `batcher`, `server` (axum) and its [`protocol`] messages, `tensor` (the host
+//! tensors requests carry), `model` ([`Servable`], [`BurnModel`]), `metrics` (Prometheus) and
+//! `client` (hyper).
+//!
 //! The book's chapter "Serving a model" walks through launching, the protocol, the batching
 //! knobs and measured latency curves.
 //!
@@ -26,6 +30,7 @@ mod metrics;
 mod model;
 pub mod protocol;
 mod server;
+mod sync;
 mod tensor;
 
 pub use batcher::{Batcher, BatcherConfig, Ticket};

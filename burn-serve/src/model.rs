@@ -6,8 +6,7 @@ use std::sync::Arc;
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_memory::training::mixed_precision::Materialize;
-use burn_memory::{DeviceMemory, MemoryCap};
+use burn_memory::{DeviceMemory, MemoryCap, draw_params};
 use serde::{Deserialize, Serialize};
 
 use crate::{DataType, HostData, HostTensor, ServeError};
@@ -104,11 +103,10 @@ impl<B: Backend, M> Clone for Forward<B, M> {
 /// `[rows, outputs]`.
 ///
 /// ```
-/// use burn::backend::Flex;
-/// use burn::nn::LinearConfig;
-/// use burn_serve::{BurnModel, HostData, HostTensor, Servable};
-///
-/// let device = Default::default();
+/// # use burn::backend::Flex;
+/// # use burn::nn::LinearConfig;
+/// # use burn_serve::{BurnModel, HostTensor, Servable};
+/// # let device = Default::default();
 /// let layer = LinearConfig::new(4, 2).init::<Flex>(&device);
 /// let mut model = BurnModel::float(layer, device, |layer, x| layer.forward(x));
 /// let out = model.infer(HostTensor::f32(3, 4, vec![0.5; 12]).unwrap()).unwrap();
@@ -145,7 +143,7 @@ impl<B: DeviceMemory, M: Module<B>> BurnModel<B, M> {
         device: B::Device,
         forward: impl Fn(&M, Tensor<B, 2>) -> Tensor<B, 2> + Send + Sync + 'static,
     ) -> Self {
-        model.visit(&mut Materialize);
+        draw_params(&model);
         Self {
             model,
             device,
@@ -162,7 +160,7 @@ impl<B: DeviceMemory, M: Module<B>> BurnModel<B, M> {
         device: B::Device,
         forward: impl Fn(&M, Tensor<B, 2, Int>) -> Tensor<B, 2> + Send + Sync + 'static,
     ) -> Self {
-        model.visit(&mut Materialize);
+        draw_params(&model);
         Self {
             model,
             device,

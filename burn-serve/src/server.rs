@@ -68,29 +68,10 @@ struct Shared {
     ready: AtomicBool,
 }
 
-/// A set of models behind the Open Inference Protocol.
-///
-/// ```no_run
-/// use burn::backend::Flex;
-/// use burn::nn::LinearConfig;
-/// use burn_serve::{BatcherConfig, BurnModel, DataType, ModelSpec, Server, ServerConfig, TensorSpec};
-///
-/// let device = Default::default();
-/// let layer = LinearConfig::new(784, 10).init::<Flex>(&device);
-/// let spec = ModelSpec {
-///     name: "mnist".into(),
-///     version: "1".into(),
-///     platform: "burn-flex".into(),
-///     input: TensorSpec::rows("input", DataType::Fp32, &[784]),
-///     output: TensorSpec::rows("logits", DataType::Fp32, &[10]),
-/// };
-/// let mut server = Server::new(ServerConfig::default());
-/// let model = BurnModel::float(layer, device, |layer, x| layer.forward(x));
-/// server.add_model(spec, BatcherConfig::default(), vec![model])?;
-/// let running = server.start("127.0.0.1:8000".parse().unwrap())?;
-/// running.wait_for_ctrl_c()?;
-/// # Ok::<(), burn_serve::ServeError>(())
-/// ```
+/// A set of models behind the Open Inference Protocol v2 over HTTP/JSON (and binary tensors),
+/// so that a client written for Triton or KServe works unchanged: [`add_model`](Self::add_model)
+/// puts a model behind a [`Batcher`](crate::Batcher), and [`start`](Self::start) serves them,
+/// with Prometheus metrics at `/metrics`. Example: the book's chapter "Serving a model".
 pub struct Server {
     shared: Shared,
 }

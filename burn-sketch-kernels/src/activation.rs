@@ -6,19 +6,11 @@
 
 use cubecl::prelude::*;
 
-/// The element-wise function applied to each output element, `y = f(α·sum + bias)`.
-/// A compile-time argument of the forward kernels.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Activation {
-    /// `f(z) = z`: the plain product.
-    #[default]
-    Identity,
-    /// `f(z) = max(z, 0)`.
-    Relu,
-    /// The exact GELU, `f(z) = z·Φ(z) = z/2·(1 + erf(z/√2))`, as Burn's `gelu` and PyTorch's
-    /// default `approximate='none'`.
-    Gelu,
-}
+/// The element-wise function applied to each output element, `y = f(α·sum + bias)`: the
+/// workspace's one `Activation` (burn-cpu-kernels), a compile-time argument of the forward
+/// kernels. Its [`apply_f64`](Activation::apply_f64) is the reference they are tested against
+/// (their `erf` is CubeCL's polynomial, within `1.5e-7`).
+pub use burn_cpu_kernels::Activation;
 
 /// `activation` applied to `value` on the device.
 // `f32::erf` is CubeCL's (`Erf`); the standard library's is unstable and not this one.
@@ -31,20 +23,6 @@ pub fn activate(value: f32, #[comptime] activation: Activation) -> f32 {
         Activation::Gelu => {
             // 1/√2
             0.5 * value * (1.0 + f32::erf(value * 0.70710677))
-        }
-    }
-}
-
-impl Activation {
-    /// The reference of [`activate()`], in `f64` with `libm`'s error function: what the
-    /// kernels are tested against (their `erf` is CubeCL's polynomial, within `1.5e-7`).
-    pub fn reference(self, value: f64) -> f64 {
-        match self {
-            Activation::Identity => value,
-            Activation::Relu => value.max(0.0),
-            Activation::Gelu => {
-                0.5 * value * (1.0 + libm::erf(value * core::f64::consts::FRAC_1_SQRT_2))
-            }
         }
     }
 }

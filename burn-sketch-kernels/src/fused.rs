@@ -31,7 +31,8 @@ use cubecl::prelude::*;
 use crate::activation::{Activation, activate};
 use crate::gemm::TILE;
 use crate::layout::{Layout, offset};
-use crate::{KernelError, SketchWeights};
+use crate::KernelError;
+use crate::weights::CubeWeights;
 
 /// The widest rank `2Tk` the fused kernel takes: `16 × 256` `f32` of `P` (16 KiB) plus two
 /// 1 KiB staging tiles stays within the 32 KiB of shared memory every CUDA GPU and common
@@ -214,7 +215,7 @@ pub fn fused_forward_kernel<F: Float>(
 /// this checks only what is particular to the kernel, its rank limit.
 pub fn fused_forward<R: CubeRuntime>(
     x: &CubeTensor<R>,
-    weights: &SketchWeights<R>,
+    weights: &CubeWeights<R>,
     bias: Option<&CubeTensor<R>>,
     activation: Activation,
     partials: Option<&CubeTensor<R>>,

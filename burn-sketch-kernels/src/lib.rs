@@ -8,6 +8,8 @@
 //! - [`layout`]: how the kernels read Panther-layout factors (and their transposes) in place;
 //! - [`gemm`]: the tiled product kernel with strided layouts, optional second product and bias;
 //! - [`fused`]: the one-launch forward, `P = x·A` kept in shared memory;
+//! - [`weights`]: the operands every launch shares ([`CubeWeights`], [`Operands`]);
+//! - [`tune`]: which forward kernels run for a shape on a device;
 //! - [`sketch`]: forward and backward as sequences of those launches;
 //! - [`mod@reference`]: a plain-Rust implementation of the same maths, which the tests hold the
 //!   kernels to.
@@ -25,10 +27,11 @@ pub mod gemm;
 pub mod layout;
 pub mod reference;
 pub mod sketch;
+pub mod tune;
+pub mod weights;
 
 pub use activation::Activation;
 pub use error::KernelError;
-pub use sketch::{
-    ForwardPath, SketchGradients, SketchWeights, WantedGradients, backward, choose_forward_path,
-    forward, forward_with,
-};
+pub use sketch::{backward, forward, forward_with};
+pub use tune::{ForwardPath, choose_forward_path};
+pub use weights::{CubeWeights, Operands};

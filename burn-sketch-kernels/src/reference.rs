@@ -114,7 +114,7 @@ impl HostLayer<'_> {
                     }
                 }
                 let b = bias.map_or(0.0, |bias| bias[o] as f64);
-                y[i * self.d_out + o] = activation.reference(self.alpha() * sum + b) as f32;
+                y[i * self.d_out + o] = activation.apply_f64(self.alpha() * sum + b) as f32;
             }
         }
         y

@@ -20,7 +20,7 @@
 //! slices are added once, by the second launch, because the third reads `∂P` and `P` from
 //! many cubes.
 //!
-//! `A` and `B` are in the packed order `burn_sketch::SketchWeights` documents (blocks:
+//! `A` and `B` are in the packed order `burn_sketch::CubeWeights` documents (blocks:
 //! `A = [S1_1 … S1_T | U2_1 … U2_T]`), read in place through [`Layout`]s, never packed.
 //!
 //! The backward needs only `x` and the factors: `P` is recomputed (a skinny product) instead
@@ -33,26 +33,14 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
 use crate::fused::{MAX_FUSED_RANK, fused_forward};
+use crate::tune::{ForwardPath, choose_forward_path};
+use crate::weights::{CubeWeights, Operands};
 use crate::gemm::{
     Concat, GROUP, GemmProblem, Product, TILE, Tail, gemm_concat, launch_group, reduce_splits,
-    split_count, workspace,
+    workspace,
 };
 use crate::layout::Layout;
 use crate::{Activation, KernelError};
-
-/// The four factors of a sketched layer on a CubeCL device, in Panther's layouts: the
-/// kernels' form of `burn_sketch::SketchWeights`.
-#[derive(Debug, Clone)]
-pub struct SketchWeights<R: CubeRuntime> {
-    /// `[T, d_in, k]`, trainable.
-    pub s1s: CubeTensor<R>,
-    /// `[T, k, d_out]`, trainable.
-    pub s2s: CubeTensor<R>,
-    /// `[T, k, d_out]`, fixed.
-    pub u1s: CubeTensor<R>,
-    /// `[T, d_in, k]`, fixed.
-    pub u2s: CubeTensor<R>,
-}
 
 /// A sketched layer's sizes, read off its weights.
 #[derive(Debug, Clone, Copy)]
@@ -74,7 +62,7 @@ impl Dims {
     }
 }
 
-impl<R: CubeRuntime> SketchWeights<R> {
+impl<R: CubeRuntime> CubeWeights<R> {
     /// `[s1s, s2s, u1s, u2s]` with their names, the order of the fields.
     fn named(&self) -> [(&'static str, &CubeTensor<R>); 4] {
         [
@@ -180,110 +168,6 @@ fn check_input<R: CubeRuntime>(x: &CubeTensor<R>, dims: Dims) -> Result<usize, K
     }
 }
 
-/// Which gradients [`backward`] should compute; the others are skipped entirely (the
-/// kernels' form of `burn_sketch::backend::WantedGradients`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WantedGradients {
-    /// `∂x`.
-    pub x: bool,
-    /// `∂S1s`.
-    pub s1s: bool,
-    /// `∂S2s`.
-    pub s2s: bool,
-    /// `∂U1s` (the sketches are fixed in `SkLinear`, but a caller may track them).
-    pub u1s: bool,
-    /// `∂U2s`.
-    pub u2s: bool,
-}
-
-impl WantedGradients {
-    /// Every gradient.
-    pub const ALL: Self = Self {
-        x: true,
-        s1s: true,
-        s2s: true,
-        u1s: true,
-        u2s: true,
-    };
-}
-
-/// The gradients [`backward`] computed, in the shapes of their inputs (the kernels' form of
-/// `burn_sketch::backend::SketchGradients`).
-#[derive(Debug)]
-pub struct SketchGradients<R: CubeRuntime> {
-    /// `∂x`, `[n, d_in]`.
-    pub x: Option<CubeTensor<R>>,
-    /// `∂S1s`, `[T, d_in, k]`.
-    pub s1s: Option<CubeTensor<R>>,
-    /// `∂S2s`, `[T, k, d_out]`.
-    pub s2s: Option<CubeTensor<R>>,
-    /// `∂U1s`, `[T, k, d_out]`.
-    pub u1s: Option<CubeTensor<R>>,
-    /// `∂U2s`, `[T, d_in, k]`.
-    pub u2s: Option<CubeTensor<R>>,
-}
-
-/// Which forward kernels [`forward`] uses for a shape on a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ForwardPath {
-    /// One launch, `P` in shared memory; `column_groups` cubes share each row tile.
-    Fused {
-        /// How many cubes split `d_out` for each tile of rows.
-        column_groups: usize,
-    },
-    /// Two launches: `P = x·[S1 | U2]` with its depth split across cubes into partial sums
-    /// (see [`split_count`]), then the fused kernel making `P` from those sums.
-    Split {
-        /// As for [`ForwardPath::Fused`].
-        column_groups: usize,
-    },
-    /// For ranks too wide for the fused kernel's shared memory: `P` to global memory (its
-    /// slices added by a second launch when its depth is split), then `y = P·[U1; S2]`.
-    Tiled,
-}
-
-/// Chooses the forward kernels.
-///
-/// The fused kernel computes each row tile's block of `P` in one cube, walking all of `d_in`
-/// in sequence. That is the right shape of work when there are rows enough for the tiles of
-/// `P` to fill the device by themselves. When they do not (a batch of 256 rows and
-/// `2Tk = 32` is 32 tiles, for a GPU with over a hundred multiprocessors), the projection is
-/// split in depth across cubes (see [`split_count`]) and the fused kernel adds the slices:
-/// [`ForwardPath::Split`]. Either needs the `P` block in shared memory
-/// (`2Tk ≤ MAX_FUSED_RANK`); wider ranks take [`ForwardPath::Tiled`].
-///
-/// The column groups: where the row tiles alone are fewer than about two cubes per
-/// multiprocessor (64 cubes where the device does not report its count), `d_out` is split
-/// into groups; each extra group makes its rows' block of `P` again, so groups stop at one
-/// per 16 output columns.
-pub fn choose_forward_path<R: CubeRuntime>(
-    client: &cubecl::prelude::ComputeClient<R>,
-    rows: usize,
-    d_in: usize,
-    rank: usize,
-    d_out: usize,
-) -> ForwardPath {
-    let tile = TILE as usize;
-    let padded = rank.div_ceil(tile) * tile;
-    let hardware = &client.properties().hardware;
-    let shared_bytes = (tile * padded + 2 * tile * tile) * size_of::<f32>();
-    if padded > MAX_FUSED_RANK || shared_bytes > hardware.max_shared_memory_size {
-        return ForwardPath::Tiled;
-    }
-    let target_cubes = hardware
-        .num_streaming_multiprocessors
-        .map_or(64, |sms| 2 * sms as usize);
-    let row_tiles = rows.div_ceil(tile).max(1);
-    let column_groups = target_cubes
-        .div_ceil(row_tiles)
-        .clamp(1, d_out.div_ceil(tile).max(1));
-    if split_count(client, rows, rank, d_in) > 1 {
-        ForwardPath::Split { column_groups }
-    } else {
-        ForwardPath::Fused { column_groups }
-    }
-}
-
 fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -> CubeTensor<R> {
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
 }
@@ -295,10 +179,10 @@ fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -> Cu
 ///
 /// # Errors
 /// [`KernelError`] if the operands' shapes do not fit together (`x` `[n, d_in]`, the weights
-/// as [`SketchWeights`] states, `bias` `[d_out]`) or their element types differ.
+/// as [`CubeWeights`] states, `bias` `[d_out]`) or their element types differ.
 pub fn forward<R: CubeRuntime>(
     x: CubeTensor<R>,
-    weights: &SketchWeights<R>,
+    weights: &CubeWeights<R>,
     bias: Option<CubeTensor<R>>,
     activation: Activation,
 ) -> Result<CubeTensor<R>, KernelError> {
@@ -315,7 +199,7 @@ pub fn forward<R: CubeRuntime>(
 /// `2Tk > MAX_FUSED_RANK`.
 pub fn forward_with<R: CubeRuntime>(
     x: CubeTensor<R>,
-    weights: &SketchWeights<R>,
+    weights: &CubeWeights<R>,
     bias: Option<CubeTensor<R>>,
     activation: Activation,
     path: ForwardPath,
@@ -335,7 +219,7 @@ struct Checked {
 /// Every forward operand's shape and element type, checked once per call.
 fn check_forward<R: CubeRuntime>(
     x: &CubeTensor<R>,
-    weights: &SketchWeights<R>,
+    weights: &CubeWeights<R>,
     bias: Option<&CubeTensor<R>>,
 ) -> Result<Checked, KernelError> {
     let dims = weights.dims()?;
@@ -352,7 +236,7 @@ fn check_forward<R: CubeRuntime>(
 /// The forward's launches on checked operands.
 fn launch_forward<R: CubeRuntime>(
     x: CubeTensor<R>,
-    weights: &SketchWeights<R>,
+    weights: &CubeWeights<R>,
     (bias, activation): (Option<CubeTensor<R>>, Activation),
     path: ForwardPath,
     Checked { dims, rows, dtype }: Checked,
@@ -435,10 +319,10 @@ fn launch_forward<R: CubeRuntime>(
 /// As [`forward`], with `grad_output` `[n, d_out]` in place of the bias.
 pub fn backward<R: CubeRuntime>(
     x: CubeTensor<R>,
-    weights: &SketchWeights<R>,
+    weights: &CubeWeights<R>,
     grad_output: CubeTensor<R>,
-    wanted: WantedGradients,
-) -> Result<SketchGradients<R>, KernelError> {
+    wanted: Operands<bool>,
+) -> Result<Operands<Option<CubeTensor<R>>>, KernelError> {
     let dims = weights.dims()?;
     let rows = check_input(&x, dims)?;
     check_shape("grad_output", &grad_output, &[rows, dims.d_out])?;
@@ -469,7 +353,7 @@ pub fn backward<R: CubeRuntime>(
 /// The operands and shapes of one backward call, shared by its steps.
 struct BackwardStep<'a, R: CubeRuntime> {
     x: &'a CubeTensor<R>,
-    weights: &'a SketchWeights<R>,
+    weights: &'a CubeWeights<R>,
     grad_output: &'a CubeTensor<R>,
     dims: Dims,
     rows: usize,
@@ -546,10 +430,10 @@ impl<R: CubeRuntime> BackwardStep<'_, R> {
     /// Backward 3: every wanted gradient from `∂P` and `P`, in grouped launches.
     fn gradients(
         &self,
-        wanted: WantedGradients,
+        wanted: Operands<bool>,
         grad_p: Option<&CubeTensor<R>>,
         p: Option<&CubeTensor<R>>,
-    ) -> SketchGradients<R> {
+    ) -> Operands<Option<CubeTensor<R>>> {
         let (dims, rows, half) = (self.dims, self.rows, self.dims.half());
         let (x, weights, k) = (self.x, self.weights, dims.low_rank);
         let empty_like = |shape: [usize; 3]| empty(x, Shape::new(shape), self.dtype);
@@ -630,7 +514,7 @@ impl<R: CubeRuntime> BackwardStep<'_, R> {
         }
 
         let [x, s1s, s2s, u1s, u2s] = gradients;
-        SketchGradients {
+        Operands {
             x,
             s1s,
             s2s,

@@ -6,7 +6,7 @@ use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_cubecl::tensor::CubeTensor;
 use burn_sketch_kernels::reference::HostLayer;
 use burn_sketch_kernels::{
-    Activation, ForwardPath, KernelError, SketchWeights, WantedGradients, backward,
+    Activation, ForwardPath, KernelError, CubeWeights, Operands, backward,
     choose_forward_path, forward, forward_with,
 };
 
@@ -138,10 +138,10 @@ impl Case {
         }
     }
 
-    fn factors(&self, data: &Data, dtype: DType) -> SketchWeights<Runtime> {
+    fn factors(&self, data: &Data, dtype: DType) -> CubeWeights<Runtime> {
         let input = [self.terms, self.d_in, self.rank];
         let output = [self.terms, self.rank, self.d_out];
-        SketchWeights {
+        CubeWeights {
             s1s: upload(&data.s1s, &input, dtype),
             s2s: upload(&data.s2s, &output, dtype),
             u1s: upload(&data.u1s, &output, dtype),
@@ -306,7 +306,7 @@ fn backward_matches_reference() {
             x,
             &case.factors(&data, DType::F32),
             grad,
-            WantedGradients::ALL,
+            Operands::ALL,
         )
         .unwrap();
         let name = case.name();
@@ -329,7 +329,7 @@ fn backward_matches_reference() {
 /// On a short depth (one launch of products) and a long one (split, then added).
 #[test]
 fn backward_computes_only_what_is_wanted() {
-    let flags = |names: &[&str]| WantedGradients {
+    let flags = |names: &[&str]| Operands {
         x: names.contains(&"x"),
         s1s: names.contains(&"s1s"),
         s2s: names.contains(&"s2s"),
@@ -593,7 +593,7 @@ fn half_precision_accumulates_in_f32(dtype: DType, tolerance: f32) {
     }
     let x = upload(&data.x, &[case.rows, case.d_in], dtype);
     let grad = upload(&data.grad, &[case.rows, case.d_out], dtype);
-    let grads = backward(x, &case.factors(&data, dtype), grad, WantedGradients::ALL).unwrap();
+    let grads = backward(x, &case.factors(&data, dtype), grad, Operands::ALL).unwrap();
     for (actual, expected, what) in [
         (grads.x, &expected_grads.x, "∂x"),
         (grads.s1s, &expected_grads.s1s, "∂S1s"),
@@ -677,7 +677,7 @@ fn launchers_refuse_mismatched_operands() {
     }
     let short_grad = upload(&data.grad[..6], &[1, 6], DType::F32);
     assert!(matches!(
-        backward(x.clone(), &weights, short_grad, WantedGradients::ALL),
+        backward(x.clone(), &weights, short_grad, Operands::ALL),
         Err(KernelError::Shape {
             operand: "grad_output",
             ..

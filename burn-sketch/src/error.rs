@@ -20,15 +20,6 @@ pub enum SketchError {
         reason: &'static str,
     },
 
-    /// A value that must be a fraction in `[0, 1]` is not (a pruning amount).
-    #[error("invalid `{name}` = {value}: must be a fraction in [0, 1]")]
-    InvalidFraction {
-        /// The parameter at fault.
-        name: &'static str,
-        /// Its value, as given.
-        value: f64,
-    },
-
     /// A checkpoint lacks a tensor the layer needs.
     #[error("checkpoint has no tensor `{key}`")]
     MissingKey {
@@ -95,65 +86,17 @@ pub enum SketchError {
         message: String,
     },
 
-    /// A conversion or search was asked for something the library cannot do (converting a
-    /// layer to a kind it has no construction for).
+    /// Something the library cannot do (a checkpoint layout or a layer construction it has
+    /// no code for).
     #[error("unsupported: {what}")]
     Unsupported {
         /// What was asked.
         what: String,
     },
 
-    /// A matrix given to a [`linalg`](crate::linalg) or [`sketch`](crate::sketch) operation
-    /// has a shape it cannot take (empty, wide where tall is needed, or not matching the
-    /// operator).
-    #[error("{operation}: shape {shape:?} {reason}")]
-    InvalidShape {
-        /// The operation that was called.
-        operation: &'static str,
-        /// The shape given.
-        shape: Vec<usize>,
-        /// What the operation needs.
-        reason: String,
-    },
-
-    /// A matrix holds a NaN or an infinity, which no factorisation of it can survive.
-    #[error("{operation}: the input holds NaN or infinite values")]
-    NonFinite {
-        /// The operation that was called.
-        operation: &'static str,
-    },
-
-    /// A factorisation that needs full column rank met a matrix without it.
-    #[error(
-        "{operation}: the {columns} columns are numerically rank-deficient (rank {rank} found); \
-         `linalg::qr_pivoted` and `linalg::Cqrrpt` find the rank instead"
-    )]
-    RankDeficient {
-        /// The operation that was called.
-        operation: &'static str,
-        /// The number of columns.
-        columns: usize,
-        /// The numerical rank found, where the operation found one (else the columns that were
-        /// factored before the breakdown).
-        rank: usize,
-    },
-
-    /// A path or type pattern of a [`Selection`](crate::nn::Selection) picks no layer of the
-    /// model (a typo would otherwise leave the model unchanged).
-    #[error("`{pattern}` picks no layer; the model's layers are: {}", layers.join(", "))]
-    NoMatch {
-        /// The pattern.
-        pattern: String,
-        /// The paths of the model's layers, for the message.
-        layers: Vec<String>,
-    },
-
-    /// A search found no configuration that meets its threshold.
-    #[error("no configuration meets the threshold: {reason}")]
-    NothingPasses {
-        /// What the trials reached, for the message.
-        reason: String,
-    },
+    /// A factorisation of a layer's weights failed (converting a dense layer).
+    #[error(transparent)]
+    Linalg(#[from] burn_randnla::LinalgError),
 
     /// Reading or writing a file failed.
     #[error("i/o error on {path}")]

@@ -12,7 +12,7 @@ use burn::module::{
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
-use crate::draws::Draws;
+use burn_randnla::Draws;
 
 /// A fixed (never trained) sign sketch `[T, a, b]` with entries `±1/√rank`. It reads as the
 /// `Param` it holds (`val()`, `dims()`, `grad()`), and records its seed instead of its values

@@ -24,7 +24,6 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
@@ -41,6 +40,7 @@ use burn_memory::{
 use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
 use clap::Parser;
 use examples::backend::BackendKind;
+use examples::stats::{mb, median_seconds};
 use indicatif::{ProgressBar, ProgressStyle};
 use plotters::prelude::*;
 use serde::Serialize;
@@ -251,7 +251,7 @@ where
         if bar.is_hidden() {
             eprintln!(
                 "{kind:?} {config}: peak {:.1} MB, step {ms:.1} ms",
-                peak as f64 / 1e6
+                mb(peak)
             );
         }
         rows.push(Row {
@@ -349,15 +349,8 @@ fn measure<B: DeviceMemory>(
     mut step: impl FnMut(),
 ) -> anyhow::Result<(u64, f64)> {
     let ((), report) = tracker.profile(&mut step)?;
-    let mut times: Vec<f64> = (0..steps.max(1))
-        .map(|_| {
-            let start = Instant::now();
-            step();
-            start.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    Ok((report.peak_increase(), times[times.len() / 2]))
+    let millis = 1e3 * median_seconds(0, steps.max(1), &mut step);
+    Ok((report.peak_increase(), millis))
 }
 
 /// Every parameter's gradient as flat values, in the module's visiting order (the same order
@@ -421,7 +414,7 @@ fn table(rows: &[Row], args: &Args) -> String {
             "| {:?} | {} | {:.1} | {:.0} % | {:.1} | {:.2}× | {err} |",
             row.model,
             row.config,
-            row.peak_bytes as f64 / 1e6,
+            mb(row.peak_bytes),
             100.0 * row.peak_bytes as f64 / base.peak_bytes.max(1) as f64,
             row.step_ms,
             row.step_ms / base.step_ms,
@@ -450,7 +443,7 @@ fn plot(rows: &[Row], path: &Path, args: &Args) -> anyhow::Result<()> {
     );
     type Value = fn(&Row) -> f64;
     let panels: [(&str, Value, _); 2] = [
-        ("peak MB", |r| r.peak_bytes as f64 / 1e6, left),
+        ("peak MB", |r| mb(r.peak_bytes), left),
         ("step ms", |r| r.step_ms, right),
     ];
     for (name, value, area) in panels {

@@ -16,21 +16,19 @@
 use std::time::Instant;
 
 use burn::backend::{Autodiff, Flex};
-use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::Dataset;
 use burn::module::{AutodiffModule, Module};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d, Relu};
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn_sketch::{SkConv2d, SkConv2dConfig};
 use clap::Parser;
-use examples::data::{DigitBatch, DigitBatcher, DigitDataset};
+use examples::data::DigitDataset;
 use examples::mnist::Mnist;
-use examples::training::evaluate_logits;
+use examples::stats::median_seconds;
+use examples::training::{PlainTraining, evaluate_logits, train_plain};
 use serde::Serialize;
 
 type A = Autodiff<Flex>;
@@ -157,17 +155,9 @@ fn layer_timing(args: &Args) -> LayerTiming {
     let sketched = SkConv2dConfig::new([c, c], [3, 3], args.num_terms, args.low_rank)
         .with_padding(PaddingConfig2d::Same)
         .init::<Flex>(&device);
+    // One warm-up, then the median of 5; reading the output waits for the work.
     let median = |forward: &dyn Fn() -> Tensor<Flex, 4>| {
-        let _ = forward().into_data();
-        let mut times: Vec<f64> = (0..5)
-            .map(|_| {
-                let start = Instant::now();
-                let _ = forward().into_data();
-                start.elapsed().as_secs_f64() * 1e3
-            })
-            .collect();
-        times.sort_by(f64::total_cmp);
-        times[2]
+        1e3 * median_seconds(1, 5, || drop(forward().into_data()))
     };
     LayerTiming {
         channels: c,
@@ -183,26 +173,6 @@ struct Arm {
     conv_weights: usize,
     test_accuracy: f64,
     train_seconds: f64,
-}
-
-fn train(mut model: Cnn<A>, data: &DigitDataset, args: &Args) -> Cnn<A> {
-    let device = Default::default();
-    let mut optimizer = AdamConfig::new().init();
-    let loss = CrossEntropyLossConfig::new().init(&device);
-    for epoch in 0..args.epochs {
-        let loader = DataLoaderBuilder::new(DigitBatcher)
-            .batch_size(64)
-            .shuffle(args.seed + epoch as u64)
-            .build(data.clone());
-        for batch in loader.iter() {
-            let DigitBatch { images, targets } = batch;
-            let value = loss.forward(model.forward(images), targets);
-            let grads = GradientsParams::from_grads(value.backward(), &model);
-            model = optimizer.step(1e-3, model, grads);
-        }
-        tracing::info!(epoch, "done");
-    }
-    model
 }
 
 fn main() -> anyhow::Result<()> {
@@ -222,7 +192,8 @@ fn main() -> anyhow::Result<()> {
         <A as Backend>::seed(&device, args.seed);
         let model = Cnn::<A>::new(sketch, &device);
         let start = Instant::now();
-        let model = train(model, &train_data, &args);
+        let training = PlainTraining::new(args.epochs, 1e-3, args.seed);
+        let model = train_plain(model, |m: &Cnn<A>, x| m.forward(x), &train_data, &training);
         let train_seconds = start.elapsed().as_secs_f64();
         arms.push(Arm {
             name,

@@ -41,11 +41,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use burn::backend::Autodiff;
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::Tensor;
+use burn::tensor::ElementConversion as _;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_memory::offload::{OffloadConfig, OffloadManager};
 use burn_memory::{
@@ -58,13 +57,14 @@ use burn_sketch::{SketchBackend, SketchInit};
 use clap::Parser;
 use examples::backend::{BackendKind, HalfCompute};
 use examples::lm::profile::{ProfiledTraining, train_profiled};
+use examples::lm::report::{Extra, Outputs, Run, write_outputs};
 use examples::lm::{
     Batch, Corpus, FORTUNES_DIR, Positions, TransformerLm, TransformerLmConfig, batch, max_rel_diff,
 };
 use examples::parallel::MpiShare;
 use examples::profile_args::ProfileArgs;
+use examples::stats::median_seconds;
 use indicatif::{ProgressBar, ProgressStyle};
-use plotters::prelude::*;
 use serde::Serialize;
 
 #[global_allocator]
@@ -201,51 +201,6 @@ fn arms(args: &Args) -> Vec<Arm> {
         mlp: LinearKind::Dense,
     });
     arms
-}
-
-/// One trained model's measurements.
-#[derive(Debug, Clone, Serialize)]
-struct Run {
-    arm: String,
-    seed: u64,
-    /// Validation bits per character at the end.
-    valid_bpc: f64,
-    /// (step, validation bits per character) during training.
-    curve: Vec<(usize, f64)>,
-    /// Trainable parameters of the whole model, and of the blocks' linear layers.
-    trainable_params: usize,
-    replaced_trainable_params: usize,
-    trainable_bytes: u64,
-    /// Every stored tensor (the fixed sketches included).
-    stored_bytes: u64,
-    /// Adam's two moments per trainable parameter.
-    optimizer_bytes: u64,
-    /// Exact heap peak of a training step above what was held before it (activations,
-    /// gradients, temporaries), and the heap in use before it (model, optimizer state, data).
-    step_peak_bytes: u64,
-    held_bytes: u64,
-    tokens_per_second: f64,
-    train_seconds: f64,
-}
-
-/// A row of the extras (segment checkpointing, mixed precision, offloading).
-#[derive(Debug, Clone, Serialize)]
-struct Extra {
-    what: String,
-    peak_bytes: u64,
-    seconds: f64,
-    baseline_peak_bytes: u64,
-    baseline_seconds: f64,
-    /// Largest relative gradient (or output) difference against the baseline.
-    max_rel_diff: f64,
-    note: String,
-}
-
-#[derive(Debug, Serialize)]
-struct Report<'a> {
-    args: String,
-    runs: &'a [Run],
-    extras: &'a [Extra],
 }
 
 fn main() -> anyhow::Result<()> {
@@ -402,7 +357,7 @@ where
                     .apply(dense.clone())?;
                 tracing::info!("{name}:\n{report}");
                 let start = valid_bpc(&model.valid(), &valid);
-                let mut as_is = measure(&model, name, *seed);
+                let mut as_is = Run::new(&model, name, *seed);
                 as_is.valid_bpc = start;
                 as_is.curve = vec![(0, start)];
                 runs.push(as_is);
@@ -431,7 +386,13 @@ where
         extras.extend(mixed_precision::<B::Half>(corpus, args, *seed, f32_profile));
         extras.extend(offloaded_inference(&dense.valid(), corpus, args)?);
     }
-    write_outputs(args, &runs, &extras)
+    let described = format!("{args:?}");
+    let outputs = Outputs {
+        dir: &args.out,
+        json: args.json.as_deref(),
+        args: &described,
+    };
+    write_outputs(outputs, &runs, &extras)
 }
 
 /// The trained dense model's conversions (name, kind, sketch initialisation, the arm whose
@@ -637,50 +598,6 @@ fn valid_bpc<B: SketchBackend>(model: &TransformerLm<B>, valid: &[Batch<B>]) -> 
     total / valid.len() as f64 / std::f64::consts::LN_2
 }
 
-use burn::tensor::ElementConversion as _;
-
-/// Trainable, stored and optimizer bytes of `model`, and the blocks' replaced layers'
-/// trainable parameters (attention projections and MLP layers).
-fn measure<B: AutodiffBackend>(model: &TransformerLm<B>, arm: &str, seed: u64) -> Run {
-    struct Count {
-        trainable: usize,
-        stored: usize,
-    }
-    impl<B: Backend> ModuleVisitor<B> for Count {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let n = param.shape().num_elements();
-            self.stored += n;
-            if param.is_require_grad() {
-                self.trainable += n;
-            }
-        }
-    }
-    let mut count = Count {
-        trainable: 0,
-        stored: 0,
-    };
-    model.visit(&mut count);
-    let replaced = Converter::layers::<B, _>(&model.blocks)
-        .iter()
-        .map(|l| l.trainable)
-        .sum();
-    Run {
-        arm: arm.into(),
-        seed,
-        valid_bpc: f64::NAN,
-        curve: Vec::new(),
-        trainable_params: count.trainable,
-        replaced_trainable_params: replaced,
-        trainable_bytes: 4 * count.trainable as u64,
-        stored_bytes: 4 * count.stored as u64,
-        optimizer_bytes: 8 * count.trainable as u64,
-        step_peak_bytes: 0,
-        held_bytes: 0,
-        tokens_per_second: f64::NAN,
-        train_seconds: 0.0,
-    }
-}
-
 /// How long a rank of an MPI job waits for the others in one step.
 const MPI_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -700,7 +617,7 @@ where
     B::InnerBackend: SketchBackend + DeviceTransfer,
 {
     let device = B::Device::default();
-    let mut run = measure(&model, arm, seed);
+    let mut run = Run::new(&model, arm, seed);
     let mut optim = AdamConfig::new().init::<B, TransformerLm<B>>();
     let mut positions = Positions::new(seed);
     // Under `--mpi`, this rank's share of the job.
@@ -772,16 +689,13 @@ where
     let (reference, plain_report) = tracker.profile(|| plain(seed))?;
     let (checked, seg_report) = tracker.profile(|| segmented(seed))?;
     let diff = max_rel_diff(model, &reference, &checked);
+    // Seeds `seed + 1`, `seed + 2`...: other masks each time.
     let time = |f: &dyn Fn(u64) -> GradientsParams| {
-        let mut times: Vec<f64> = (0..repeats)
-            .map(|i| {
-                let start = Instant::now();
-                let _ = f(seed + 1 + i as u64);
-                start.elapsed().as_secs_f64()
-            })
-            .collect();
-        times.sort_by(f64::total_cmp);
-        times[times.len() / 2]
+        let mut s = seed;
+        median_seconds(0, repeats, || {
+            s += 1;
+            let _ = f(s);
+        })
     };
     let (plain_s, seg_s) = (time(&plain), time(&segmented));
     Ok(vec![Extra {
@@ -944,176 +858,4 @@ where
             .unwrap_or_default()
             .to_string(),
     }])
-}
-
-fn mb(bytes: u64) -> f64 {
-    bytes as f64 / 1e6
-}
-
-fn mean_spread(values: &[f64]) -> (f64, f64) {
-    let mean = values.iter().sum::<f64>() / values.len() as f64;
-    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    (mean, hi - lo)
-}
-
-fn write_outputs(args: &Args, runs: &[Run], extras: &[Extra]) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    let mut names: Vec<&str> = Vec::new();
-    for run in runs {
-        if !names.contains(&run.arm.as_str()) {
-            names.push(&run.arm);
-        }
-    }
-    let dense_bpc = runs
-        .iter()
-        .filter(|r| r.arm == "dense")
-        .map(|r| r.valid_bpc)
-        .collect::<Vec<_>>();
-    let dense_bpc = (!dense_bpc.is_empty()).then(|| mean_spread(&dense_bpc).0);
-    let dense_replaced = runs
-        .iter()
-        .find(|r| r.arm == "dense")
-        .map(|r| r.replaced_trainable_params);
-    let mut table = String::from(
-        "| arm | valid bits/char (mean ± spread) | vs dense | replaced layers' trainable params | trainable MB | stored MB | Adam state MB | held MB | step peak MB | tokens/s |\n|---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    let mut csv = String::from(
-        "arm,seed,valid_bpc,trainable_params,replaced_trainable_params,trainable_bytes,stored_bytes,optimizer_bytes,held_bytes,step_peak_bytes,tokens_per_second,train_seconds\n",
-    );
-    for run in runs {
-        csv.push_str(&format!(
-            "{},{},{:.5},{},{},{},{},{},{},{},{:.1},{:.2}\n",
-            run.arm,
-            run.seed,
-            run.valid_bpc,
-            run.trainable_params,
-            run.replaced_trainable_params,
-            run.trainable_bytes,
-            run.stored_bytes,
-            run.optimizer_bytes,
-            run.held_bytes,
-            run.step_peak_bytes,
-            run.tokens_per_second,
-            run.train_seconds
-        ));
-    }
-    for name in &names {
-        let of: Vec<&Run> = runs.iter().filter(|r| r.arm == *name).collect();
-        let (bpc, spread) = mean_spread(&of.iter().map(|r| r.valid_bpc).collect::<Vec<_>>());
-        let first = of[0];
-        let median = |f: &dyn Fn(&Run) -> f64| {
-            let mut v: Vec<f64> = of.iter().map(|r| f(r)).collect();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        let versus = dense_bpc.map_or("".into(), |d| format!("{:+.1} %", 100.0 * (bpc / d - 1.0)));
-        let share = dense_replaced.map_or("".into(), |d| {
-            format!(
-                "{} ({:.0} %)",
-                first.replaced_trainable_params,
-                100.0 * first.replaced_trainable_params as f64 / d as f64
-            )
-        });
-        let peak = median(&|r| r.step_peak_bytes as f64);
-        let tps = median(&|r| r.tokens_per_second);
-        table.push_str(&format!(
-            "| {name} | {bpc:.3} ± {spread:.3} | {versus} | {share} | {:.2} | {:.2} | {:.2} | {} | {} | {} |\n",
-            mb(first.trainable_bytes),
-            mb(first.stored_bytes),
-            mb(first.optimizer_bytes),
-            match median(&|r| r.held_bytes as f64) {
-                0.0 => "–".to_string(),
-                held => format!("{:.1}", held / 1e6),
-            },
-            if peak > 0.0 { format!("{:.1}", peak / 1e6) } else { "–".into() },
-            if tps.is_finite() { format!("{tps:.0}") } else { "–".into() },
-        ));
-    }
-    if !extras.is_empty() {
-        table.push_str("\n| extra | peak MB | baseline peak MB | s per step | baseline s | max rel. diff | note |\n|---|---|---|---|---|---|---|\n");
-        for e in extras {
-            table.push_str(&format!(
-                "| {} | {:.1} | {:.1} | {:.3} | {:.3} | {:.1e} | {} |\n",
-                e.what,
-                mb(e.peak_bytes),
-                mb(e.baseline_peak_bytes),
-                e.seconds,
-                e.baseline_seconds,
-                e.max_rel_diff,
-                e.note
-            ));
-        }
-    }
-    println!("\n{table}");
-    std::fs::write(args.out.join("results.md"), &table)?;
-    std::fs::write(args.out.join("results.csv"), csv)?;
-    plot_curves(runs, &names, &args.out.join("curves.png"))?;
-    if let Some(path) = &args.json {
-        let report = Report {
-            args: format!("{args:?}"),
-            runs,
-            extras,
-        };
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
-    }
-    println!(
-        "wrote {}/results.md, results.csv, curves.png",
-        args.out.display()
-    );
-    Ok(())
-}
-
-fn plot_curves(runs: &[Run], names: &[&str], path: &Path) -> anyhow::Result<()> {
-    burn_memory::register_plot_font();
-    let root = BitMapBackend::new(path, (1000, 600)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let points: Vec<(usize, f64)> = runs.iter().flat_map(|r| r.curve.iter().copied()).collect();
-    let max_step = points.iter().map(|p| p.0).max().unwrap_or(1).max(1);
-    let lo = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
-    let hi = points.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Validation bits per character (mean over seeds)",
-            ("sans-serif", 22),
-        )
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0..max_step, (lo - 0.05)..(hi.min(lo + 4.0) + 0.05))?;
-    chart
-        .configure_mesh()
-        .x_desc("training step")
-        .y_desc("bits per character")
-        .draw()?;
-    for (i, name) in names.iter().enumerate() {
-        let of: Vec<&Run> = runs.iter().filter(|r| r.arm == *name).collect();
-        let curve: Vec<(usize, f64)> = of[0]
-            .curve
-            .iter()
-            .enumerate()
-            .map(|(j, &(step, _))| {
-                let values: Vec<f64> = of
-                    .iter()
-                    .filter_map(|r| r.curve.get(j).map(|p| p.1))
-                    .collect();
-                (step, values.iter().sum::<f64>() / values.len() as f64)
-            })
-            .collect();
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(curve, color.stroke_width(2)))?
-            .label(*name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
 }

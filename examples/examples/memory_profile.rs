@@ -25,6 +25,7 @@ use burn_memory::{CountingAllocator, DeviceMemory, MemoryTracker};
 use burn_sketch::{SkLinearConfig, SketchBackend};
 use clap::Parser;
 use examples::backend::BackendKind;
+use examples::stats::mb;
 use plotters::prelude::*;
 
 #[global_allocator]
@@ -33,7 +34,6 @@ static ALLOCATOR: CountingAllocator = CountingAllocator::system();
 /// The layers of Panther's memory analysis: `(d_input, d_output, sketch_size)`.
 const LAYERS: [(usize, usize, usize); 3] =
     [(1024, 512, 256), (2048, 1024, 512), (4096, 2048, 1024)];
-const MB: f64 = 1e6;
 const F32: usize = 4;
 
 #[derive(Debug, Parser)]
@@ -160,10 +160,6 @@ fn measure<B: SketchBackend + DeviceMemory>(
     })
 }
 
-fn mb(bytes: impl Into<f64>) -> f64 {
-    bytes.into() / MB
-}
-
 fn markdown(profiles: &[Profile], batch: usize) -> String {
     let mut out = format!(
         "Batch {batch}, f32. Sketched layers: one term, k = sketch size / 2. Parameter bytes \
@@ -184,14 +180,14 @@ fn markdown(profiles: &[Profile], batch: usize) -> String {
             p.sketch_trainable,
             p.sketch_fixed,
             100.0 * p.sketch_trainable as f64 / p.dense_params as f64,
-            mb((p.dense_params * F32) as f64),
-            mb(((p.sketch_trainable + p.sketch_fixed) * F32) as f64),
-            mb(p.output_bytes as f64),
-            mb((p.output_bytes + p.intermediate_bytes) as f64),
-            mb(p.dense_forward_peak as f64),
-            mb(p.sketch_forward_peak as f64),
-            mb(p.dense_train_peak as f64),
-            mb(p.sketch_train_peak as f64),
+            mb((p.dense_params * F32) as u64),
+            mb(((p.sketch_trainable + p.sketch_fixed) * F32) as u64),
+            mb(p.output_bytes as u64),
+            mb((p.output_bytes + p.intermediate_bytes) as u64),
+            mb(p.dense_forward_peak),
+            mb(p.sketch_forward_peak),
+            mb(p.dense_train_peak),
+            mb(p.sketch_train_peak),
         );
     }
     out
@@ -257,21 +253,15 @@ where
     let quantities: [(&str, Quantity); 3] = [
         ("parameters", |p| {
             (
-                mb((p.dense_params * F32) as f64),
-                mb(((p.sketch_trainable + p.sketch_fixed) * F32) as f64),
+                mb((p.dense_params * F32) as u64),
+                mb(((p.sketch_trainable + p.sketch_fixed) * F32) as u64),
             )
         }),
         ("forward peak", |p| {
-            (
-                mb(p.dense_forward_peak as f64),
-                mb(p.sketch_forward_peak as f64),
-            )
+            (mb(p.dense_forward_peak), mb(p.sketch_forward_peak))
         }),
         ("train step peak", |p| {
-            (
-                mb(p.dense_train_peak as f64),
-                mb(p.sketch_train_peak as f64),
-            )
+            (mb(p.dense_train_peak), mb(p.sketch_train_peak))
         }),
     ];
     let top = profiles

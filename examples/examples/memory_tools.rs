@@ -31,6 +31,7 @@ use burn_memory::{
 };
 use clap::Parser;
 use examples::backend::BackendKind;
+use examples::stats::median;
 
 /// On the CPU backends, memory figures are exact heap bytes rather than the process's resident memory.
 #[global_allocator]
@@ -387,6 +388,5 @@ fn amp_step<B: DeviceMemory>(
     }
     let _ = model.valid();
     times.remove(0); // warm-up
-    times.sort_by(f64::total_cmp);
-    Ok((times[times.len() / 2], tracker.peak()?, dtype))
+    Ok((median(times), tracker.peak()?, dtype))
 }

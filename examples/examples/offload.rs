@@ -25,6 +25,7 @@ use burn_memory::offload::{OffloadConfig, OffloadManager, OffloadSelection};
 use burn_memory::{Bytes as ByteSize, DeviceMemory, Layers, MemoryReport, MemoryTracker};
 use clap::Parser;
 use examples::backend::BackendKind;
+use examples::stats::median;
 use indicatif::{ProgressBar, ProgressStyle};
 use rand_xoshiro::SplitMix64;
 use rand_xoshiro::rand_core::{Rng, SeedableRng};
@@ -401,14 +402,11 @@ fn monitor_overhead<B: DeviceMemory>(
         }
         ratios.push(round_times[0] / round_times[1]);
     }
-    let median = |values: &mut Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
+    let [watched_ms, unwatched_ms] = times.map(median);
     Ok(MonitorCost {
-        overhead: median(&mut ratios) - 1.0,
-        watched_ms: median(&mut times[0]),
-        unwatched_ms: median(&mut times[1]),
+        overhead: median(ratios) - 1.0,
+        watched_ms,
+        unwatched_ms,
         rounds: 4 * args.batches,
     })
 }

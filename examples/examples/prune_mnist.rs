@@ -19,18 +19,16 @@
 use std::time::Instant;
 
 use burn::backend::{Autodiff, Flex};
-use burn::data::dataloader::DataLoaderBuilder;
 use burn::module::AutodiffModule;
-use burn::nn::loss::CrossEntropyLossConfig;
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
 use burn_sketch::prune::{Norm, PruneConfig, PruneMethod};
 use clap::Parser;
-use examples::data::{DigitBatch, DigitBatcher, DigitDataset};
+use examples::data::DigitDataset;
 use examples::mlp::{Mlp, MlpConfig};
 use examples::mnist::Mnist;
-use examples::training::evaluate_logits;
+use examples::stats::median;
+use examples::training::{PlainTraining, evaluate_logits, train_plain};
 use serde::Serialize;
 
 type A = Autodiff<Flex>;
@@ -83,33 +81,6 @@ struct Timing {
     speedup: f64,
 }
 
-/// `epochs` passes of Adam over `data` on any classifier of the digits.
-fn train<M: AutodiffModule<A>>(
-    mut model: M,
-    forward: impl Fn(&M, Tensor<A, 2>) -> Tensor<A, 2>,
-    data: &DigitDataset,
-    epochs: usize,
-    args: &Args,
-    seed: u64,
-) -> M {
-    let device = Default::default();
-    let mut optimizer = AdamConfig::new().init();
-    let loss = CrossEntropyLossConfig::new().init(&device);
-    for epoch in 0..epochs {
-        let loader = DataLoaderBuilder::new(DigitBatcher)
-            .batch_size(64)
-            .shuffle(seed + epoch as u64)
-            .build(data.clone());
-        for batch in loader.iter() {
-            let DigitBatch { images, targets } = batch;
-            let value = loss.forward(forward(&model, images), targets);
-            let grads = GradientsParams::from_grads(value.backward(), &model);
-            model = optimizer.step(args.lr, model, grads);
-        }
-    }
-    model
-}
-
 fn accuracy(model: &Mlp<Flex>, data: &DigitDataset) -> f64 {
     evaluate_logits(data, &Default::default(), |x| model.forward(x)).1
 }
@@ -146,10 +117,6 @@ fn time_forward(dense: &Mlp<Flex>, shrunk: &Mlp<Flex>, batch: usize, runs: usize
             b.push(tb);
         }
     }
-    let median = |mut samples: Vec<f64>| {
-        samples.sort_by(f64::total_cmp);
-        samples[samples.len() / 2]
-    };
     (median(a), median(b))
 }
 
@@ -167,13 +134,11 @@ fn main() -> anyhow::Result<()> {
 
     A::seed(&device, args.seed);
     let start = Instant::now();
-    let dense = train(
+    let dense = train_plain(
         MlpConfig::new().with_dense(true).init::<A>(&device),
         |m: &Mlp<A>, x| m.forward(x),
         &train_data,
-        args.epochs,
-        &args,
-        args.seed,
+        &PlainTraining::new(args.epochs, args.lr, args.seed),
     );
     say(format!(
         "trained the dense MLP for {} epochs in {:.1}s",
@@ -181,15 +146,18 @@ fn main() -> anyhow::Result<()> {
         start.elapsed().as_secs_f64()
     ));
     let mut rows = vec![row("dense", &dense.valid(), &test_data)];
-    let seed = args.seed + args.epochs as u64;
+    // Every fine-tuning sees the same batches, shuffled on from where the training stopped.
+    let fine_tune = PlainTraining::new(
+        args.fine_tune_epochs,
+        args.lr,
+        args.seed + args.epochs as u64,
+    );
     // The baseline of the fine-tuned models: the dense one trained as long as they were.
-    let longer = train(
+    let longer = train_plain(
         dense.clone(),
         |m: &Mlp<A>, x| m.forward(x),
         &train_data,
-        args.fine_tune_epochs,
-        &args,
-        seed,
+        &fine_tune,
     );
     rows.push(row("dense + fine-tune", &longer.valid(), &test_data));
 
@@ -202,14 +170,7 @@ fn main() -> anyhow::Result<()> {
             &pruned,
             &test_data,
         ));
-        let tuned = train(
-            masked,
-            |m, x| m.forward(x),
-            &train_data,
-            args.fine_tune_epochs,
-            &args,
-            seed,
-        );
+        let tuned = train_plain(masked, |m, x| m.forward(x), &train_data, &fine_tune);
         if !args.json {
             print!("{}", tuned.sparsity());
         }
@@ -225,13 +186,11 @@ fn main() -> anyhow::Result<()> {
     let shrunk = dense.shrink_hidden(&config)?;
     let name = format!("structured L2 {:.0}%", 100.0 * args.structured);
     rows.push(row(&format!("{name}, shrunk"), &shrunk.valid(), &test_data));
-    let shrunk = train(
+    let shrunk = train_plain(
         shrunk,
         |m: &Mlp<A>, x| m.forward(x),
         &train_data,
-        args.fine_tune_epochs,
-        &args,
-        seed,
+        &fine_tune,
     );
     let shrunk = shrunk.valid();
     rows.push(row(

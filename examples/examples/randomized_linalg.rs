@@ -14,7 +14,6 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
 
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
@@ -22,6 +21,7 @@ use burn::tensor::{Distribution, Tensor, TensorData};
 use burn_sketch::linalg::{self, CqrrptConfig, RandomizedSvdConfig};
 use burn_sketch::sketch::{SketchConfig, SketchKind};
 use clap::Parser;
+use examples::stats::median_seconds;
 use serde::Serialize;
 
 type B = Flex;
@@ -96,19 +96,16 @@ struct PeerCase {
     tolerance: f64,
 }
 
-fn median_seconds<T>(repeats: usize, mut run: impl FnMut() -> T) -> (f64, T) {
+/// `run`'s median time over `repeats` synced calls after one warm-up
+/// ([`examples::stats::median_seconds`]), with the last call's result.
+fn timed<T>(repeats: usize, mut run: impl FnMut() -> T) -> (f64, T) {
     let device = Default::default();
-    let mut result = run();
-    B::sync(&device).expect("Flex syncs");
-    let mut times = Vec::with_capacity(repeats);
-    for _ in 0..repeats {
-        let start = Instant::now();
-        result = run();
+    let mut result = None;
+    let seconds = median_seconds(1, repeats, || {
+        result = Some(run());
         B::sync(&device).expect("Flex syncs");
-        times.push(start.elapsed().as_secs_f64());
-    }
-    times.sort_by(f64::total_cmp);
-    (times[times.len() / 2], result)
+    });
+    (seconds, result.expect("the warm-up ran"))
 }
 
 fn frobenius(a: Tensor<B, 2>) -> f64 {
@@ -195,7 +192,7 @@ fn main() -> anyhow::Result<()> {
         let config = RandomizedSvdConfig::new(k)
             .with_oversampling(oversampling)
             .with_power_iterations(power_iterations);
-        let (seconds, svd) = median_seconds(args.repeats, || config.decompose(a.clone()).unwrap());
+        let (seconds, svd) = timed(args.repeats, || config.decompose(a.clone()).unwrap());
         let mut row = Row::new(
             &case,
             &format!("randomized SVD (p = {oversampling}, q = {power_iterations})"),
@@ -238,7 +235,7 @@ fn main() -> anyhow::Result<()> {
         let case = format!("qr {m}×{n}, {what}");
         progress(&case);
         let norm = frobenius(a.clone());
-        let (seconds, qr) = median_seconds(args.repeats, || {
+        let (seconds, qr) = timed(args.repeats, || {
             CqrrptConfig::new().decompose(a.clone()).unwrap()
         });
         let mut row = Row::new(&case, "CQRRPT", seconds);
@@ -248,7 +245,7 @@ fn main() -> anyhow::Result<()> {
         row.rank = Some(qr.rank);
         rows.push(row);
         if what == "full rank" {
-            let (seconds, qr) = median_seconds(args.repeats, || linalg::qr(a.clone()).unwrap());
+            let (seconds, qr) = timed(args.repeats, || linalg::qr(a.clone()).unwrap());
             let mut row = Row::new(&case, "Cholesky QR (linalg::qr)", seconds);
             row.residual = Some(frobenius(qr.q.clone().matmul(qr.r) - a.clone()) / norm);
             row.orthogonality = Some(orthogonality(qr.q));
@@ -287,8 +284,7 @@ fn main() -> anyhow::Result<()> {
             let sketch = SketchConfig::new(kind, n, d)
                 .with_seed(1)
                 .init::<B>(&device);
-            let (seconds, _) =
-                median_seconds(args.repeats, || sketch.apply_left(a.clone()).unwrap());
+            let (seconds, _) = timed(args.repeats, || sketch.apply_left(a.clone()).unwrap());
             rows.push(Row::new(&case, &format!("{kind:?}"), seconds));
         }
     }

@@ -1,6 +1,8 @@
 //! The book's pages (`docs/src`), compiled and run as doctests so that every Rust block in
 //! them stays true. Blocks that need files or a GPU are marked `no_run`; hidden lines start
-//! with `# `, which both rustdoc and mdBook understand.
+//! with `# `, which both rustdoc and mdBook understand. The serving page is a doctest of
+//! `examples-serve` instead, which depends on burn-serve (this crate does not, so that the
+//! other examples do not link the HTTP stack).
 
 /// One doctest holder per page, named after the page's file.
 macro_rules! pages {
@@ -34,7 +36,6 @@ pages! {
     Placement => "memory/placement.md",
     DataParallel => "memory/data-parallel.md",
     ChunkedInference => "memory/chunked-inference.md",
-    Serving => "serving.md",
     BenchmarksOverview => "benchmarks/overview.md",
     Mnist => "benchmarks/mnist.md",
     Cpu => "benchmarks/cpu.md",

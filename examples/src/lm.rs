@@ -1,8 +1,10 @@
 //! The language-model study's pieces: an English corpus read as characters, and a small causal
 //! transformer built from burn-sketch's blocks, whose linear layers are dense, sketched or
-//! low-rank by configuration; [`profile`] records a few of its training steps.
+//! low-rank by configuration; [`profile`] records a few of its training steps, and [`report`]
+//! writes the study's results (tables, CSV, curves, JSON).
 
 pub mod profile;
+pub mod report;
 
 use std::path::{Path, PathBuf};
 

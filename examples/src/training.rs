@@ -2,6 +2,9 @@
 //! `SupervisedTraining` loop, metrics (loss, accuracy, CPU memory and use) on the TUI dashboard
 //! (one line per epoch when stdout is not a terminal), and a file checkpoint each epoch that
 //! `resume` continues from (the model, the optimizer and the mixed-precision state).
+//!
+//! Beside it, [`train_plain`]: a plain Adam loop for any classifier of the digits, which the
+//! studies that train several models alike (`conv_mnist`, `prune_mnist`) share.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -10,8 +13,9 @@ use std::time::Instant;
 use burn::config::Config;
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataset::Dataset;
-use burn::optim::AdamConfig;
-use burn::optim::Optimizer;
+use burn::module::AutodiffModule;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::DefaultRecorder;
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
@@ -204,21 +208,15 @@ fn int8_report<B: SketchBackend>(
             batch.images
         })
         .collect();
+    // One pass untimed, then the median of 5.
     let time = |forward: &dyn Fn(Tensor<B, 2>) -> Tensor<B, 2>| {
-        let mut samples: Vec<f64> = (0..6)
-            .map(|_| {
-                let start = Instant::now();
-                for x in &batches {
-                    let _ = B::sync(device);
-                    drop(forward(x.clone()));
-                }
+        1e3 * crate::stats::median_seconds(1, 5, || {
+            for x in &batches {
                 let _ = B::sync(device);
-                start.elapsed().as_secs_f64() * 1e3
-            })
-            .skip(1)
-            .collect();
-        samples.sort_by(f64::total_cmp);
-        samples[samples.len() / 2]
+                drop(forward(x.clone()));
+            }
+            let _ = B::sync(device);
+        })
     };
     let f32_ms = time(&|x| model.forward(x));
     let int8_ms = time(&|x| quantized.forward(x));
@@ -472,6 +470,64 @@ where
     tracing::info!("batch-size search: {result}");
     println!("{result}");
     Ok(result.batch_size)
+}
+
+/// What [`train_plain`] runs: Adam (default settings) at `learning_rate`, for `epochs` passes
+/// over the data in shuffled batches of `batch_size`, epoch `e` shuffled with `seed + e`.
+#[derive(Debug, Clone, Copy)]
+pub struct PlainTraining {
+    /// Passes over the data.
+    pub epochs: usize,
+    /// Adam's learning rate.
+    pub learning_rate: f64,
+    /// Digits per step.
+    pub batch_size: usize,
+    /// The first epoch's shuffling seed.
+    pub seed: u64,
+}
+
+impl PlainTraining {
+    /// `epochs` at `learning_rate` from `seed`, in batches of 64.
+    pub fn new(epochs: usize, learning_rate: f64, seed: u64) -> Self {
+        Self {
+            epochs,
+            learning_rate,
+            batch_size: 64,
+            seed,
+        }
+    }
+}
+
+/// Trains `model`, whose logits `forward` gives, on `data` with cross-entropy and Adam as
+/// `training` says: the examples' plain loop, outside burn-train's learner (no run directory,
+/// no dashboard), so that the models a study compares see the same batches in the same order.
+pub fn train_plain<B, M>(
+    mut model: M,
+    forward: impl Fn(&M, Tensor<B, 2>) -> Tensor<B, 2>,
+    data: &DigitDataset,
+    training: &PlainTraining,
+) -> M
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B>,
+{
+    let device = B::Device::default();
+    let mut optimizer = AdamConfig::new().init();
+    let loss = CrossEntropyLossConfig::new().init(&device);
+    for epoch in 0..training.epochs {
+        let loader = DataLoaderBuilder::new(DigitBatcher)
+            .batch_size(training.batch_size)
+            .shuffle(training.seed + epoch as u64)
+            .build(data.clone());
+        for batch in loader.iter() {
+            let DigitBatch { images, targets } = batch;
+            let value = loss.forward(forward(&model, images), targets);
+            let grads = GradientsParams::from_grads(value.backward(), &model);
+            model = optimizer.step(training.learning_rate, model, grads);
+        }
+        tracing::info!(epoch, "done");
+    }
+    model
 }
 
 /// A short description of the model, for logs and reports.

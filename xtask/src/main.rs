@@ -14,7 +14,7 @@
 //! - `profile-viewer`: writes burn-profiler's HTML profile viewer for a profiled MLP step and a
 //!   synthetic 100 000-allocation profile, and checks in headless Chromium that it draws.
 //! - `first-command`: counts the packages the README's first command compiles, and fails when
-//!   it passes its budget or compiles the GPU or WebSocket stack.
+//!   it passes its budget or compiles the GPU, WebSocket or HTTP stack.
 //!
 //! The generator of the backend decorators' forwarding is a crate of its own,
 //! `xtask/backend-ops` (`cargo backend-ops`), so that it builds without the crates it writes.
@@ -31,6 +31,11 @@ mod overhead;
 mod own_process;
 mod products;
 mod profiler_cost;
+// The examples' medians and megabytes, the same file (xtask does not depend on the examples);
+// not every helper there is used here.
+#[allow(dead_code)]
+#[path = "../../examples/src/stats.rs"]
+mod stats;
 mod viewer;
 
 /// Benchmarks run on mimalloc. On CPU backends every call allocates its output, and glibc's

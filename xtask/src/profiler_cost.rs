@@ -28,6 +28,8 @@ use burn_profiler::{Profiled, Profiler, ProfilerConfig};
 use burn_sketch::{SkLinear, SkLinearConfig, SketchBackend};
 use serde::Serialize;
 
+use crate::stats::median;
+
 /// Options of `cargo xtask profiler-cost`.
 #[derive(Debug, clap::Args)]
 pub struct ProfilerCostArgs {
@@ -115,11 +117,6 @@ where
         B::sync(&self.images.device()).expect("the device syncs");
         start.elapsed().as_secs_f64()
     }
-}
-
-fn median(mut times: Vec<f64>) -> f64 {
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
 }
 
 /// What one variant runs: the plain backend, or the profiled one with or without a

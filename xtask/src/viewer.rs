@@ -124,7 +124,7 @@ fn check_page(
     eprintln!(
         "{case}: wrote {} ({:.1} MB) in {:.2?}",
         page.display(),
-        bytes as f64 / 1e6,
+        crate::stats::mb(bytes),
         started.elapsed()
     );
     let started = Instant::now();

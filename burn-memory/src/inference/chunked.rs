@@ -6,30 +6,13 @@ use burn::tensor::backend::Backend;
 use crate::MemoryError;
 
 /// Runs `forward` over `input` in chunks of at most `chunk_size` rows (dimension 0) and returns
-/// what one pass over the whole input would: row-wise models (linear layers, MLPs, per-sample
-/// networks in inference mode) give identical results.
+/// what one pass over the whole input would: row-wise models give identical results.
 ///
-/// Peak memory is bounded by the input, the output, and the activations of **one** chunk: each
-/// chunk's output is written into an output tensor allocated once (after the first chunk shows
-/// the output's shape and element type), and its activations are freed before the next chunk
-/// runs. A single pass would instead hold the activations of all rows at once.
-///
-/// An input that fits in one chunk (an empty one included) is one call of `forward`. Fails with
-/// [`MemoryError::Invalid`] for a zero `chunk_size`, or when `forward` does not map each chunk's
-/// rows to as many rows of one shape.
-///
-/// ```
-/// use burn::backend::NdArray;
-/// use burn::nn::LinearConfig;
-/// use burn::tensor::{Distribution, Tensor};
-/// use burn_memory::chunked_forward;
-///
-/// let device = Default::default();
-/// let layer = LinearConfig::new(32, 8).init::<NdArray>(&device);
-/// let x = Tensor::<NdArray, 2>::random([1000, 32], Distribution::Default, &device);
-/// let y = chunked_forward(x.clone(), 128, |chunk| layer.forward(chunk)).unwrap();
-/// y.into_data().assert_approx_eq::<f32>(&layer.forward(x).into_data(), Default::default());
-/// ```
+/// Peak memory is the input, the output and **one** chunk's activations, instead of every row's:
+/// the output is allocated once, and each chunk's activations are freed before the next runs.
+/// Fails with [`MemoryError::Invalid`] for a zero `chunk_size`, or when `forward` does not map
+/// each chunk's rows to as many rows of one shape. Example: the book's chapter on chunked
+/// inference.
 pub fn chunked_forward<B, const D: usize, const D2: usize>(
     input: Tensor<B, D>,
     chunk_size: usize,

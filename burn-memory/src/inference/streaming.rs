@@ -11,58 +11,17 @@ use burn::tensor::{DType, Shape, Tensor, TensorData};
 
 use crate::{DeviceMemory, MemoryCap, MemoryError};
 
-/// Runs a forward function over host data ([`TensorData`]) chunk by chunk: each chunk is
-/// uploaded, run and read back before more than `in_flight` chunks (2 by default) are on the
-/// device, so the device holds a few chunks' inputs, outputs and activations, never the
-/// whole input or output. [`chunked_forward`](crate::chunked_forward) bounds activations but
-/// needs the input and output on the device; this bounds all three.
+/// Runs a forward function over host data ([`TensorData`]) chunk by chunk, at most `in_flight`
+/// chunks (2 by default) on the device: the device never holds the whole input or output, which
+/// [`chunked_forward`](crate::chunked_forward) needs there.
 ///
-/// - [`forward`](Self::forward): a host tensor `[n, ...]` in, cut into chunks of at most
-///   `chunk_size` rows (dimension 0), and the host tensor `[n, ...]` of the outputs back: what
-///   one pass over the whole input would give, for row-wise models.
-/// - [`stream`](Self::stream): any iterator of host chunks in (a data loader, a request
-///   queue, an unbounded stream), an iterator of host outputs back, one per input chunk
-///   (a chunk of more than `chunk_size` rows runs in pieces and comes back whole).
-///
-/// # Overlap
-///
-/// Chunk `i`'s read-back is started (its copy queued) as soon as its forward is submitted,
-/// and waited for only after chunk `i + 1` has been uploaded and its forward submitted. On
-/// backends that queue work (the CubeCL ones, `Wgpu` and `Cuda`, with or without fusion) the
-/// device thus runs chunk `i + 1` while the host waits for, converts and hands out chunk `i`'s
-/// result and reads the next input: the device does not wait for the host between chunks. On
-/// CPU backends (Flex, NdArray) every operation runs when it is called, on the calling
-/// thread, so nothing overlaps there; wrap a source whose chunks are costly to produce
-/// (decoding, reading files) in [`prefetch`], which produces them on a thread of their own
-/// on every backend.
-///
-/// # Errors
-///
-/// [`MemoryError::Invalid`] for a zero `chunk_size` or `in_flight`, a chunk whose rank, row
-/// shape (every dimension but the first) or element type differs from the first chunk's or
-/// from `D`, a quantized chunk, and a forward that maps `n` rows to `m != n` rows or returns
-/// rows of another shape or type than the first chunk's. With a [`MemoryCap`], a chunk whose
-/// upload would pass the cap fails with [`MemoryError::OverCap`] before it is uploaded. The
-/// stream ends after its first error.
-///
-/// ```
-/// use burn::backend::Flex;
-/// use burn::nn::LinearConfig;
-/// use burn::tensor::{Tensor, TensorData, Tolerance};
-/// use burn_memory::StreamingForward;
-///
-/// let device = Default::default();
-/// let layer = LinearConfig::new(16, 4).init::<Flex>(&device);
-/// // 1,001 rows of 16 features on the host, run 128 rows at a time.
-/// let rows: Vec<f32> = (0..1001 * 16).map(|i| (i % 7) as f32).collect();
-/// let input = TensorData::new(rows, [1001, 16]);
-/// let streaming = StreamingForward::<Flex>::new(&device, 128);
-/// let output = streaming.forward(input.clone(), |x: Tensor<Flex, 2>| layer.forward(x))?;
-/// assert_eq!(output.shape.as_slice(), &[1001, 4]);
-/// let whole = layer.forward(Tensor::<Flex, 2>::from_data(input, &device)).into_data();
-/// output.assert_approx_eq::<f32>(&whole, Tolerance::default());
-/// # Ok::<(), burn_memory::MemoryError>(())
-/// ```
+/// [`forward`](Self::forward) takes a host tensor `[n, ...]` and returns `[n, ...]`;
+/// [`stream`](Self::stream) takes any iterator of host chunks and yields one output per chunk.
+/// On backends that queue work (`Wgpu`, `Cuda`) the device runs chunk `i + 1` while the host
+/// reads chunk `i` back; on CPU backends nothing overlaps, and [`prefetch`] makes costly chunks
+/// on a thread of their own. Errors: [`MemoryError::Invalid`] for chunks that disagree in shape
+/// or type or a forward that changes the row count, [`MemoryError::OverCap`] past a
+/// [`MemoryCap`]. The book's chapter on chunked inference has the details and an example.
 #[derive(Debug, Clone)]
 pub struct StreamingForward<B: DeviceMemory> {
     device: B::Device,

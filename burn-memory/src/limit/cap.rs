@@ -4,49 +4,15 @@ use std::fmt;
 
 use crate::{Bytes, DeviceMemory, MemoryError, MemoryReport, MemoryTracker, MemoryUsage};
 
-/// A hard per-device memory limit for a serving loop: work that would pass it fails with
+/// A per-device memory limit for a serving loop: work that would pass it fails with
 /// [`MemoryError::OverCap`] instead of running the device out of memory.
 ///
-/// Neither Burn 0.21 nor CubeCL 0.10 can cap a device's total memory (CubeCL's
-/// `MemoryConfiguration` picks pool layouts; its one size check is per allocation), so the cap
-/// is **checked**, in two ways:
-///
-/// - [`reserve`](Self::reserve)`(bytes)`, before work runs: one read of the bytes in use (no
-///   sync, so cheap enough per batch), and [`MemoryError::OverCap`] when in use plus `bytes`
-///   passes the limit. [`check`](Self::check) is `reserve(0)`. This stops a batch whose
-///   known size (its input, its output, an estimate of its activations) does not fit.
-/// - [`run`](Self::run)`(f)`, around work: runs `f` under a [`MemoryTracker`] and fails when
-///   the measured peak passed the limit. The work has run: the error says it did not fit,
-///   so that the caller lowers the batch or the chunk size before the next. Use it to size a
-///   batch once, not per batch: it resets the peak, which returns the pools' cached pages
-///   (the next allocations ask the device again).
-///
-/// What is **not** enforced: an allocation made inside running work is not stopped mid-flight
-/// (no allocator hook exists in Burn or CubeCL, and a refusing global allocator can only
-/// abort the process), so a forward larger than `reserve` assumed still runs to its end.
-///
-/// The figures are those of [`DeviceMemory`]: on CubeCL devices the bytes in use in the
-/// calling thread's memory pools (and [`run`](Self::run)'s peak is the reserved peak, an upper
-/// bound); on CPU backends the process's heap bytes in use with a
-/// [`CountingAllocator`](crate::CountingAllocator) (the whole process's), otherwise its
-/// resident memory.
-///
-/// ```
-/// use burn::backend::Flex;
-/// use burn::tensor::Tensor;
-/// use burn_memory::{MemoryCap, MemoryError, MemoryTracker};
-///
-/// let device = Default::default();
-/// let in_use = MemoryTracker::<Flex>::new(&device).usage()?.in_use;
-/// let cap = MemoryCap::<Flex>::new(&device, in_use + (64 << 20));
-/// // A batch of 1 GiB does not fit in 64 MiB more: refused before anything is allocated.
-/// assert!(matches!(cap.reserve(1 << 30), Err(MemoryError::OverCap { .. })));
-/// // A closure that allocates 256 KiB runs, and its peak is reported.
-/// let (sum, report) = cap.run(|| Tensor::<Flex, 2>::ones([256, 256], &device).sum().into_scalar())?;
-/// assert_eq!(sum, 65536.0);
-/// assert!(report.peak <= cap.limit());
-/// # Ok::<(), MemoryError>(())
-/// ```
+/// Neither Burn 0.21 nor CubeCL 0.10 can cap a device's total memory, so the cap is checked:
+/// [`reserve`](Self::reserve) before work (one read of the bytes in use, cheap enough per
+/// batch), [`run`](Self::run) around it (the measured peak; to size a batch once, not per
+/// batch). An allocation inside running work is not stopped: nothing in Burn or CubeCL can
+/// refuse one. The figures are [`DeviceMemory`]'s. Example, and what is enforced: the book's
+/// chapter on chunked inference, "A memory cap".
 pub struct MemoryCap<B: DeviceMemory> {
     tracker: MemoryTracker<B>,
     limit: u64,

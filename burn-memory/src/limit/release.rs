@@ -38,36 +38,14 @@ impl fmt::Display for MemoryReleased {
 }
 
 /// Returns the memory the allocator keeps cached for reuse, as `torch.cuda.empty_cache` does,
-/// and reports reserved bytes before and after. Tensors still alive keep their memory: only
-/// freed blocks go back.
+/// and reports reserved bytes before and after; live tensors keep theirs.
 ///
-/// - **CubeCL backends (`Wgpu`, `Cuda`)**: waits for the device, then calls Burn's
-///   `Backend::memory_cleanup`, which frees the pools' pages that hold no live tensor
-///   (CubeCL's explicit cleanup). `reserved` drops to the pages still in use.
-/// - **CPU backends (Flex, NdArray)**: Burn keeps no pool of its own; freed tensors go back to
-///   the global allocator. With glibc's allocator (the Rust default on Linux, and under a
-///   [`CountingAllocator::system`](crate::CountingAllocator::system)), this calls
-///   `malloc_trim(0)`, which returns the free pages inside the heap to the kernel, and
-///   `reserved` (the resident memory) drops by them. Tensors above glibc's mmap threshold (128
-///   KiB, raised up to 32 MiB by glibc as it sees such blocks freed) are unmapped on `free`
-///   already. Another global allocator (mimalloc, jemalloc) keeps its own caches, which
-///   this call does not reach.
-///
-/// The call is cheap in itself, but the next allocations have to ask the device (or the
-/// kernel) again: call it between phases (after loading a model, between requests of very
-/// different sizes), not per batch.
-///
-/// ```
-/// use burn::backend::Flex;
-/// use burn::tensor::Tensor;
-/// use burn_memory::release_cached;
-///
-/// let device = Default::default();
-/// drop(Tensor::<Flex, 2>::ones([1024, 1024], &device));
-/// let released = release_cached::<Flex>(&device)?;
-/// println!("{released}");
-/// # Ok::<(), burn_memory::MemoryError>(())
-/// ```
+/// On CubeCL backends it waits for the device and calls Burn's `Backend::memory_cleanup`; on CPU
+/// backends with glibc's allocator (the Rust default on Linux, also under
+/// [`CountingAllocator::system`](crate::CountingAllocator::system)) it calls `malloc_trim(0)`.
+/// Other global allocators (mimalloc, jemalloc) keep caches it does not reach. The next
+/// allocations ask the device or the kernel again: call it between phases, not per batch. More
+/// in the book's chapter on chunked inference, "Releasing cached memory".
 pub fn release_cached<B: DeviceMemory>(device: &B::Device) -> Result<MemoryReleased, MemoryError> {
     let stream = B::current_stream();
     let sync = || B::sync(device).map_err(|error| MemoryError::Backend(format!("{error:?}")));

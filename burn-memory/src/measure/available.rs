@@ -12,12 +12,11 @@ use std::task::{Context, Poll, Waker};
 use crate::MemoryError;
 
 /// The name of the adapter Burn's `Wgpu` backend would use for its default device, or
-/// [`MemoryError::NoDevice`] saying what to install when there is none.
+/// [`MemoryError::NoDevice`] saying what to install when there is none: call it before the
+/// first use of a `Wgpu` device where no driver may be installed.
 ///
-/// It asks for an adapter as CubeCL does for `WgpuDevice::DefaultDevice`: the platform's
-/// graphics API (Metal on macOS, Vulkan elsewhere; Burn's `vulkan` feature changes only the
-/// compiler), high-performance preference, no fallback adapter. Call it before the first use
-/// of a `Wgpu` device in programs that may run where no driver is installed.
+/// It asks as CubeCL does for `WgpuDevice::DefaultDevice`: the platform's graphics API (Metal
+/// on macOS, Vulkan elsewhere), high-performance preference, no fallback adapter.
 ///
 /// ```no_run
 /// match burn_memory::wgpu_adapter() {

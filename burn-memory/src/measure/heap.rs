@@ -20,6 +20,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::sync::lock;
+
 /// Whether an [`AllocEvent`] took or gave back memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum AllocAction {
@@ -71,24 +73,18 @@ static IN_USE: AtomicU64 = AtomicU64::new(0);
 static PEAK: AtomicU64 = AtomicU64::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
-/// A global allocator that counts the bytes allocated and not yet freed, and their peak,
-/// around another allocator (the system's by default).
+/// A global allocator that counts the bytes allocated and not yet freed, and their peak, around
+/// another allocator: the system's by default, any with `CountingAllocator::new(inner)`.
 ///
-/// Installed as the program's `#[global_allocator]`, it makes [`MemoryTracker`] on CPU
-/// backends (NdArray, Flex) report heap bytes in use and an exact heap peak, instead of the
-/// process's resident memory and the kernel's page-level high-water mark. The counts cover
-/// every thread of the process (data loaders included), like the resident figures they
-/// replace.
+/// Installed as the program's `#[global_allocator]`, it makes [`MemoryTracker`] on CPU backends
+/// (NdArray, Flex) report the heap bytes in use and their exact peak, for every thread of the
+/// process, instead of the resident memory and the kernel's page-level high-water mark.
 ///
 /// ```
-/// use burn_memory::CountingAllocator;
-///
 /// #[global_allocator]
-/// static ALLOCATOR: CountingAllocator = CountingAllocator::system();
+/// static ALLOCATOR: burn_memory::CountingAllocator = burn_memory::CountingAllocator::system();
 /// # fn main() {}
 /// ```
-///
-/// Any other allocator can be wrapped: `CountingAllocator::new(mimalloc::MiMalloc)`.
 ///
 /// [`MemoryTracker`]: crate::MemoryTracker
 #[derive(Debug, Default)]
@@ -156,7 +152,8 @@ fn freed(bytes: usize) {
 static LOGGING: AtomicBool = AtomicBool::new(false);
 /// Threads counting outside the lock right now (see above).
 static UNLOCKED: AtomicU64 = AtomicU64::new(0);
-/// The log, when on.
+/// The log, when on. Nothing under its lock can panic half-way (pushes happen only within
+/// capacity), so `lock` takes over a poisoned one.
 static LOG: Mutex<Option<AllocLog>> = Mutex::new(None);
 
 /// A fixed buffer of events taken from the system allocator, not the counting one: a `Vec`
@@ -251,12 +248,6 @@ impl AllocLog {
     }
 }
 
-/// Locks the log, taking over a poisoned lock: nothing under it can panic half-way (pushes
-/// happen only within capacity).
-fn lock_log() -> std::sync::MutexGuard<'static, Option<AllocLog>> {
-    LOG.lock().unwrap_or_else(|poison| poison.into_inner())
-}
-
 /// Starts logging every allocation and free into a buffer of `max_entries` events
 /// (allocated here, before any lock is taken), with times from `started` and each event's
 /// site from `observer(session)`. Replaces a log that is running. Does nothing when no
@@ -276,7 +267,7 @@ pub fn start_log(max_entries: usize, started: Instant, session: u64, observer: A
         session,
         observer,
     };
-    let previous = lock_log().replace(log);
+    let previous = lock(&LOG).replace(log);
     LOGGING.store(true, Ordering::SeqCst);
     while UNLOCKED.load(Ordering::SeqCst) != 0 {
         std::hint::spin_loop();
@@ -288,7 +279,7 @@ pub fn start_log(max_entries: usize, started: Instant, session: u64, observer: A
 
 /// Stops logging and returns the log, if one was on.
 pub fn stop_log() -> Option<AllocLog> {
-    let mut log = lock_log();
+    let mut log = lock(&LOG);
     LOGGING.store(false, Ordering::SeqCst);
     log.take()
 }
@@ -311,7 +302,7 @@ fn count(
         return new;
     }
     UNLOCKED.fetch_sub(1, Ordering::SeqCst);
-    let mut guard = lock_log();
+    let mut guard = lock(&LOG);
     let new = inner();
     let Some(log) = guard.as_mut() else {
         // Switched off meanwhile; counting under the lock keeps the order all the same.

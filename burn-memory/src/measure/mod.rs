@@ -9,13 +9,13 @@
 //!   labelled [`Phase`]s, written as CSV and, with the `plot` feature, plotted (PNG or SVG).
 //! - With the `train` feature, [`DeviceMemoryMetric`] puts device memory on burn-train's
 //!   dashboard.
-//! - [`heap`] and [`process`]: the heap count and allocation log of [`CountingAllocator`], and
-//!   the process's resident memory, which burn-profiler samples.
+//! - [`process`]: the process's resident memory. The allocation log of [`CountingAllocator`],
+//!   which burn-profiler starts, is in [`hooks`](crate::hooks).
 
 #[cfg(feature = "wgpu")]
 mod available;
 mod device;
-pub mod heap;
+pub(crate) mod heap;
 #[cfg(feature = "train")]
 mod metric;
 mod monitor;

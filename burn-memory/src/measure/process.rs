@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 
 use crate::MemoryError;
+use crate::sync::lock;
 
 /// One `System` for the process: `sysinfo` keeps per-process state between refreshes.
 static SYSTEM: Mutex<Option<System>> = Mutex::new(None);
@@ -21,7 +22,7 @@ pub fn resident_bytes() -> Result<u64, MemoryError> {
         return Ok(bytes);
     }
     let pid = sysinfo::get_current_pid().map_err(MemoryError::Unsupported)?;
-    let mut guard = SYSTEM.lock().unwrap_or_else(|poison| poison.into_inner());
+    let mut guard = lock(&SYSTEM);
     let system = guard.get_or_insert_with(System::new);
     system.refresh_processes_specifics(
         ProcessesToUpdate::Some(&[pid]),

@@ -13,30 +13,11 @@ use crate::{MemorySource, MemoryStream};
 /// `torch.cuda.memory_allocated`, `memory_reserved`, `max_memory_allocated` and
 /// `reset_peak_memory_stats`.
 ///
-/// # How the peak is obtained, and how accurate it is
-///
-/// - **CPU backends (NdArray, Flex) with a [`CountingAllocator`](crate::CountingAllocator)** as the
-///   global allocator: in use is the heap's live bytes and the peak is their exact maximum
-///   since the last reset, updated on every allocation; reserved is the resident memory.
-///   This is the accurate mode: install it in programs that measure.
-/// - **CPU backends without it**: on Linux, the peak is the kernel's resident high-water mark
-///   for the process (`VmHWM`), which [`reset_peak`](Self::reset_peak) resets through
-///   `/proc/self/clear_refs`. The kernel updates it on every page fault, so it is exact at page
-///   granularity (4 KiB) and sees every transient allocation, but it counts the whole process:
-///   code, data loaders, allocator caches. Elsewhere it is the largest sampled value, as below.
-/// - **CubeCL backends (Wgpu, Cuda)**: CubeCL counts bytes in use and reserved but keeps no
-///   peak, so the tracker keeps the largest values it has *sampled*: at every call of
-///   [`usage`](Self::usage), [`peak`](Self::peak) and [`profile`](Self::profile), and at every
-///   tick of a [`MemoryMonitor`](crate::MemoryMonitor) sharing it. The sampled in-use peak is
-///   therefore a lower bound that can miss a short-lived buffer. The reserved peak does not:
-///   the pools keep freed pages for reuse and release them only when
-///   [`reset_peak`](Self::reset_peak) cleans them up (or, for exclusive pages, after thousands
-///   of allocations), so a transient allocation stays in `reserved` until the next sample. The
-///   reserved peak is thus an upper bound on the true in-use peak, above it by the pools'
-///   page rounding.
-///
-/// [`MemoryReport::peak`] is the reserved peak on CubeCL backends and the heap or resident peak
-/// on CPU backends: the figure a budget must be compared against.
+/// The peak is exact on CPU backends with a [`CountingAllocator`](crate::CountingAllocator), the
+/// kernel's page-level high-water mark without one (Linux), and sampled on CubeCL backends,
+/// which keep none: there [`MemoryReport::peak`] (the reserved peak) is an upper bound and the
+/// sampled in-use peak a lower one. How each is obtained: the book's chapter "How much memory
+/// does my step use?".
 pub struct MemoryTracker<B: DeviceMemory> {
     device: B::Device,
     stream: MemoryStream,
@@ -205,7 +186,7 @@ impl<B: DeviceMemory> MemoryTracker<B> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, MemoryUsage> {
-        crate::lock(&self.peaks)
+        crate::sync::lock(&self.peaks)
     }
 }
 

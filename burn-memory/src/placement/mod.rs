@@ -43,12 +43,9 @@ use crate::{Layers, MemoryError};
 use transfer::Mover;
 
 /// A model whose layers can be moved to a device one at a time: what [`Placed`] needs beside
-/// [`Layers`].
-///
-/// `map_layer(index, mapper)` applies `mapper` ([`Module::map`]) to the modules that layer
-/// `index`'s [`forward_layer`](Layers::forward_layer) uses (usually one field, or one entry
-/// of a `Vec` of blocks) and leaves the rest of the model as it is. [`Placed`] passes a
-/// mapper that moves parameters to the layer's device:
+/// [`Layers`]. `map_layer(index, mapper)` applies `mapper` ([`Module::map`]) to the modules layer
+/// `index` uses and leaves the rest; parameters no layer uses (a head applied by the loss, an
+/// embedding before the first layer) stay on the device they were created on.
 ///
 /// ```
 /// # use burn::module::{Module, ModuleMapper};
@@ -64,34 +61,20 @@ use transfer::Mover;
 ///     }
 /// }
 /// ```
-///
-/// Parameters that no layer uses (a head applied by the loss, an embedding before the first
-/// layer) stay on the device they were created on.
 pub trait MapLayer<B: Backend>: Module<B> {
     /// Maps the modules of layer `index` (from 0) with `mapper`.
     fn map_layer<Mp: ModuleMapper<B>>(self, index: usize, mapper: &mut Mp) -> Self;
 }
 
-/// Which device each layer of an `L`-layer sequence runs on.
-///
-/// A device may appear more than once (two groups on one device, or one device listed twice in
-/// a test); the type `D` is the backend's device type.
+/// Which device each layer of an `L`-layer sequence runs on (`D` is the backend's device type;
+/// a device may appear more than once).
 ///
 /// ```
 /// use burn_memory::Placement;
 ///
 /// // 10 layers on 3 devices: 4, 3 and 3 layers, the larger groups first.
 /// let placement = Placement::even(10, &["gpu0", "gpu1", "gpu2"])?;
-/// assert_eq!(placement.device(3), Some(&"gpu0"));
-/// assert_eq!(placement.device(4), Some(&"gpu1"));
 /// assert_eq!(placement.groups(), vec![(0..4, "gpu0"), (4..7, "gpu1"), (7..10, "gpu2")]);
-///
-/// // Explicit ranges: a small first stage on one device, the rest on another.
-/// let placement = Placement::ranges([(0..2, "gpu0"), (2..10, "gpu1")])?;
-/// assert_eq!(placement.num_layers(), 10);
-///
-/// // More devices than layers is an error, not an idle device.
-/// assert!(Placement::even(2, &["gpu0", "gpu1", "gpu2"]).is_err());
 /// # Ok::<(), burn_memory::MemoryError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -201,74 +184,16 @@ impl<D: Clone + PartialEq> Placement<D> {
     }
 }
 
-/// A [`Layers`] model whose layers are moved to the devices of a [`Placement`]: layer `i`'s
-/// parameters live on `placement.device(i)`, and its input is moved there before it runs.
+/// A [`Layers`] model whose layers live on the devices of a [`Placement`] (model
+/// parallelism): layer `i`'s parameters are on `placement.device(i)`, and its input moves there
+/// before it runs, as an autodiff operation, so every gradient ends on its parameter's device.
 ///
-/// Shapes are the model's own: for `Layers<B>` (the default state), `forward` takes the first
-/// layer's input `[batch, d_in]` on any device and returns `[batch, d_out]` on the last
-/// layer's device (or on the [output device](Self::with_output_device)).
-///
-/// `Placed` is a [`Module`] and an [`AutodiffModule`] that delegate to the model (the same
-/// record, the same parameter ids), so an optimizer steps it as it steps the model, and
-/// [`segmented_backward`](crate::segmented_backward) runs over it. [`Module::fork`] and
-/// [`Module::to_device`] on a `Placed` move the whole model, as they do for any module: the
-/// placement then lists that one device for every layer. Burn-train's learners fork the model
-/// they train onto their device, so train a placed model with a loop of your own.
-///
-/// The backend must implement [`DeviceTransfer`]: NdArray, Flex, `Wgpu`, `Cuda`, their fusion
-/// wrappers and `Autodiff` over them do.
-///
-/// Running statistics ([`RunningState`](burn::module::RunningState), batch norm's mean and
-/// variance) are shared between a module and its clones, and Burn moves them in place: a
-/// clone of the model kept from before placing sees its running statistics on the placed
-/// devices. Keep a copy with `load_record` into a fresh model instead of `clone`.
-///
-/// ```
-/// use burn::backend::{Autodiff, Flex};
-/// use burn::module::{Module, ModuleMapper};
-/// use burn::nn::{Linear, LinearConfig};
-/// use burn::tensor::activation::relu;
-/// use burn::tensor::backend::Backend;
-/// use burn::tensor::{Distribution, Tensor};
-/// use burn_memory::{Layers, MapLayer, Placed, Placement};
-///
-/// #[derive(Module, Debug)]
-/// struct Mlp<B: Backend> {
-///     layers: Vec<Linear<B>>,
-/// }
-///
-/// impl<B: Backend> Layers<B> for Mlp<B> {
-///     fn num_layers(&self) -> usize {
-///         self.layers.len()
-///     }
-///     fn forward_layer(&self, index: usize, x: Tensor<B, 2>) -> Tensor<B, 2> {
-///         relu(self.layers[index].forward(x))
-///     }
-/// }
-///
-/// impl<B: Backend> MapLayer<B> for Mlp<B> {
-///     fn map_layer<Mp: ModuleMapper<B>>(mut self, index: usize, mapper: &mut Mp) -> Self {
-///         self.layers[index] = self.layers[index].clone().map(mapper);
-///         self
-///     }
-/// }
-///
-/// type A = Autodiff<Flex>;
-/// let device = Default::default();
-/// let model = Mlp::<A> {
-///     layers: (0..4).map(|_| LinearConfig::new(32, 32).init(&device)).collect(),
-/// };
-/// // Two GPUs would be `[gpu0, gpu1]`; one CPU device listed twice shows the call.
-/// let placement = Placement::even(model.num_layers(), &[device, device])?;
-/// let placed = Placed::new(model, placement)?;
-///
-/// let x = Tensor::<A, 2>::random([8, 32], Distribution::Default, &device);
-/// let y = placed.forward(x); // [8, 32], on the last layer's device
-/// let grads = y.mean().backward(); // each parameter's gradient on its own device
-/// let first = &placed.model().layers[0];
-/// assert!(first.weight.grad(&grads).is_some());
-/// # Ok::<(), burn_memory::MemoryError>(())
-/// ```
+/// It is a [`Module`] and an [`AutodiffModule`] that delegate to the model (same record, same
+/// parameter ids), so an optimizer and [`segmented_backward`](crate::segmented_backward) take
+/// it as they take the model. `fork` and `to_device` move it whole, as burn-train's learners
+/// do: train it with a loop of your own. The backend needs [`DeviceTransfer`]. An example, and
+/// what to watch (running statistics move in place), are in the book's chapter "Several
+/// devices: placing layers".
 pub struct Placed<B: Backend, M> {
     model: M,
     placement: Placement<B::Device>,

@@ -55,7 +55,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{DType, Int, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::MemoryError;
+use crate::{MemoryError, draw_params};
 
 /// The element type of the forward and backward computation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -282,7 +282,7 @@ impl MixedPrecision {
     /// forward can update it in the compute type; [`unscale`](Self::unscale) (and so
     /// [`step`](Self::step)) casts it back to f32 in `module` after the step.
     pub fn cast_module<B: AutodiffBackend, M: Module<B>>(&self, module: &M) -> M {
-        module.visit(&mut Materialize);
+        draw_params(module);
         if self.compute == Precision::F32 {
             return module.clone();
         }
@@ -344,8 +344,8 @@ impl MixedPrecision {
         self.restore_shared_state(module);
         // In a data-parallel step, the mean over every peer of the still-scaled gradients:
         // every peer then checks the same values and takes the same skip decision.
-        // (See `replica`: the strategy puts the reduction in scope for the step.)
-        let grads = super::replica::reduce_in_scope(grads);
+        // (See `hooks`: the strategy puts the reduction in scope for the step.)
+        let grads = crate::hooks::reduce_in_scope(grads);
         let mut grads = grads;
         // The check runs on the unscaled gradients, as PyTorch's `GradScaler` does: a finite
         // scaled gradient can still overflow once divided by a small scale.
@@ -422,18 +422,6 @@ fn check_scale(name: &'static str, scale: f32) -> Result<(), MemoryError> {
     }
 }
 
-/// A visitor that initialises a module's lazily initialised parameters in place, so that
-/// copies made afterwards share the values instead of each drawing its own (mixed precision's
-/// compute copy, a served model's replicas).
-#[derive(Debug)]
-pub struct Materialize;
-
-impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for Materialize {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let _ = param.val();
-    }
-}
-
 impl MixedPrecision {
     /// Casts `module`'s float state that is not f32 back to f32. The master model's own
     /// parameters are f32 and untouched by [`cast_module`](Self::cast_module); what it finds
@@ -451,10 +439,9 @@ impl MixedPrecision {
     }
 }
 
-/// Casts every float parameter not already of the type, keeping its id so that gradients
-/// still map to it. One already of the type is left as it is (no node on the autodiff graph).
 /// A mapper that casts a module's float parameters to a type (mixed precision's compute copy, a
-/// model served in `bf16`).
+/// model served in `bf16`), keeping each id so that gradients still map to it. One already of
+/// the type is left as it is (no node on the autodiff graph).
 #[derive(Debug, Clone, Copy)]
 pub struct CastParams(pub DType);
 

@@ -7,13 +7,13 @@
 //!   dynamic loss scaling; [`SharedMixedPrecision`] keeps its state inside a model, so that
 //!   checkpoints save it.
 //! - [`BatchSizeSearch`]: the largest batch whose whole training step fits a memory budget.
-//! - [`replica`]: the hooks data-parallel training (burn-data-parallel) uses to reach mixed
-//!   precision.
+//!
+//! The hooks through which data-parallel training reaches mixed precision are in
+//! [`hooks`](crate::hooks).
 
 pub mod batch_search;
 pub mod checkpointing;
 pub mod mixed_precision;
-pub mod replica;
 mod shared_mixed_precision;
 
 pub use batch_search::{
@@ -21,11 +21,10 @@ pub use batch_search::{
     BatchTrialOutcome, MemoryBudget,
 };
 pub use checkpointing::{
-    Checkpointing, Layers, SegmentSeeds, SegmentState, SegmentedGrads, Segments, WithAutodiff,
+    Checkpointing, SegmentSeeds, SegmentState, SegmentedGrads, Segments, WithAutodiff,
     segmented_backward,
 };
 pub use mixed_precision::{
     LossScale, MixedPrecision, MixedPrecisionConfig, MixedPrecisionRecord, Precision, StepOutcome,
 };
-pub use replica::{GradientReduction, fork_replica, with_gradient_reduction};
 pub use shared_mixed_precision::SharedMixedPrecision;

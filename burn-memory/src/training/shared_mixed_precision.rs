@@ -21,22 +21,7 @@ use crate::{MixedPrecision, MixedPrecisionRecord};
 /// loss scale and counters, [`MixedPrecisionRecord`]) is saved in the model's checkpoints and
 /// restored by `load_record`, and the model's summary shows it as one line. It is generic over
 /// the backend only because Burn's `Module` derive persists exactly the fields whose type
-/// names the backend; the state itself is a few scalars on the host.
-///
-/// ```
-/// use burn::module::Module;
-/// use burn::backend::{Autodiff, NdArray};
-/// use burn_memory::{LossScale, MixedPrecisionConfig, Precision, SharedMixedPrecision};
-///
-/// type B = Autodiff<NdArray>;
-/// let amp = MixedPrecisionConfig::new()
-///     .with_compute(Precision::F32)
-///     .with_loss_scale(LossScale::Static(1024.0))
-///     .init::<B>(&Default::default())
-///     .unwrap();
-/// let shared = SharedMixedPrecision::<B>::new(amp);
-/// assert_eq!(shared.clone().into_record().unwrap().scale, 1024.0);
-/// ```
+/// names the backend. Example: the book's chapter on mixed precision.
 pub struct SharedMixedPrecision<B> {
     state: Option<Arc<Mutex<MixedPrecision>>>,
     backend: PhantomData<fn() -> B>,
@@ -77,7 +62,7 @@ impl<B> SharedMixedPrecision<B> {
 
     /// The state, locked for a training step; `None` without mixed precision.
     pub fn lock(&self) -> Option<MutexGuard<'_, MixedPrecision>> {
-        self.state.as_ref().map(|amp| crate::lock(amp))
+        self.state.as_ref().map(|amp| crate::sync::lock(amp))
     }
 
     /// A copy of the state now.
@@ -117,7 +102,7 @@ impl<B: Backend> Module<B> for SharedMixedPrecision<B> {
     /// The same state, except for a data-parallel peer's replica, which gets a copy of its own
     /// (every peer takes the same decisions from the same mean gradients).
     fn fork(self, _device: &B::Device) -> Self {
-        if super::replica::forking_replica() {
+        if crate::hooks::forking_replica() {
             return Self::shared(self.get().map(|amp| Arc::new(Mutex::new(amp))));
         }
         self

@@ -26,23 +26,14 @@ impl<B: Backend> Stack<B> {
             .windows(2)
             .map(|w| LinearConfig::new(w[0], w[1]).init(device))
             .collect();
-        // Materialise the lazy initialisers once, so that clones share values.
-        Self { layers }.map(&mut Materialise)
+        let stack = Self { layers };
+        // Draw the lazy parameters once, so that clones share values.
+        burn_memory::draw_params(&stack);
+        stack
     }
 
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         (0..self.layers.len()).fold(x, |x, i| self.forward_layer(i, x))
-    }
-}
-
-struct Materialise;
-
-impl<B: Backend> burn::module::ModuleMapper<B> for Materialise {
-    fn map_float<const D: usize>(
-        &mut self,
-        param: burn::module::Param<Tensor<B, D>>,
-    ) -> burn::module::Param<Tensor<B, D>> {
-        param.map(|tensor| tensor)
     }
 }
 

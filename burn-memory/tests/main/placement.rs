@@ -45,7 +45,7 @@ impl<B: Backend> Classifier<B> {
     /// Initialised now: Burn's `init` makes lazy parameters, which a clone would initialise
     /// with values of its own.
     fn new(d_in: usize, width: usize, blocks: usize, classes: usize, device: &B::Device) -> Self {
-        materialized(Self {
+        with_params_drawn(Self {
             stem: LinearConfig::new(d_in, width).init(device),
             norm: BatchNormConfig::new(width).init(device),
             blocks: (0..blocks)
@@ -92,11 +92,10 @@ impl<B: Backend> MapLayer<B> for Classifier<B> {
     }
 }
 
-/// `module` with every lazy parameter initialised (mapping a parameter initialises it).
-fn materialized<B: Backend, M: Module<B>>(module: M) -> M {
-    struct Materialize;
-    impl<B: Backend> ModuleMapper<B> for Materialize {}
-    module.map(&mut Materialize)
+/// `module` with every lazy parameter drawn.
+fn with_params_drawn<B: Backend, M: Module<B>>(module: M) -> M {
+    burn_memory::draw_params(&module);
+    module
 }
 
 /// The loss of the tests: squared distance to a target, on the target's device.
@@ -407,7 +406,7 @@ fn tuple_states_move_between_devices() {
 
     let _device = crate::wgpu::exclusive();
     let [a, b] = two_devices();
-    let model = materialized(Masked::<W> {
+    let model = with_params_drawn(Masked::<W> {
         layers: (0..3).map(|_| LinearConfig::new(8, 8).init(&a)).collect(),
     });
     let reference = model.clone();

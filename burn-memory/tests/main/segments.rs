@@ -3,7 +3,7 @@
 //! with mixed precision.
 
 use burn::backend::{Autodiff, NdArray};
-use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param, ParamId};
 use burn::nn::{
     BatchNorm, BatchNormConfig, Dropout, DropoutConfig, LayerNorm, LayerNormConfig, Linear,
     LinearConfig,
@@ -157,15 +157,10 @@ pub fn gradients_match_the_plain_backward<B: AutodiffBackend>(device: &B::Device
     assert!(step.input_grad.is_none());
 }
 
-/// Materialises a model's lazy parameters, so that its clones (and `valid()`) share values.
-fn materialised<B: Backend, M: Module<B>>(model: M) -> M {
-    struct Materialise;
-    impl<B: Backend> ModuleMapper<B> for Materialise {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-            param.map(|tensor| tensor)
-        }
-    }
-    model.map(&mut Materialise)
+/// `model` with its lazy parameters drawn, so that its clones (and `valid()`) share values.
+fn with_params_drawn<B: Backend, M: Module<B>>(model: M) -> M {
+    burn_memory::draw_params(&model);
+    model
 }
 
 /// Each parameter's gradient in `got` is within `tolerance` (relative) of its gradient in
@@ -240,7 +235,7 @@ pub struct Normed<B: Backend> {
 
 impl<B: Backend> Normed<B> {
     pub fn new(width: usize, depth: usize, device: &B::Device) -> Self {
-        materialised(Self {
+        with_params_drawn(Self {
             layers: (0..depth)
                 .map(|_| LinearConfig::new(width, width).init(device))
                 .collect(),
@@ -319,7 +314,7 @@ pub struct Dropped<B: Backend> {
 
 impl<B: Backend> Dropped<B> {
     pub fn new(width: usize, depth: usize, device: &B::Device) -> Self {
-        materialised(Self {
+        with_params_drawn(Self {
             layers: (0..depth)
                 .map(|_| LinearConfig::new(width, width).init(device))
                 .collect(),

@@ -47,7 +47,7 @@ impl<B: Backend> Net<B> {
         };
         // Burn draws parameters on first use, and an undrawn clone draws its own: draw them
         // now, so that the served copies and this one hold the same weights.
-        net.visit(&mut burn_memory::training::mixed_precision::Materialize);
+        burn_memory::draw_params(&net);
         net
     }
 

@@ -57,7 +57,7 @@ fn start(max_body_bytes: usize) -> Fixture {
         embedding: EmbeddingConfig::new(20, 8).init(&device),
         output: LinearConfig::new(8, 5).init(&device),
     };
-    tokens.visit(&mut burn_memory::training::mixed_precision::Materialize);
+    burn_memory::draw_params(&tokens);
     let mut server = Server::new(ServerConfig {
         max_body_bytes,
         ..ServerConfig::default()

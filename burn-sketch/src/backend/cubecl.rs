@@ -13,6 +13,7 @@ use burn_sketch_kernels as kernels;
 use serde::{Deserialize, Serialize};
 
 use super::{
+    ActivationExt,
     Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
     float, tensor_ops,
 };
@@ -38,7 +39,7 @@ struct SketchAutotuneKey {
 }
 
 impl SketchAutotuneKey {
-    fn of<R: CubeRuntime>(x: &CubeTensor<R>, weights: &kernels::SketchWeights<R>) -> Self {
+    fn of<R: CubeRuntime>(x: &CubeTensor<R>, weights: &kernels::CubeWeights<R>) -> Self {
         let [num_terms, d_input, low_rank] = weights.s1s.meta.shape().dims::<3>();
         Self::new(
             x.dtype,
@@ -56,13 +57,13 @@ impl SketchAutotuneKey {
 
 type ForwardInputs<R> = (
     CubeTensor<R>,
-    kernels::SketchWeights<R>,
+    kernels::CubeWeights<R>,
     Option<CubeTensor<R>>,
     Activation,
 );
 type BackwardInputs<R> = (
     CubeTensor<R>,
-    kernels::SketchWeights<R>,
+    kernels::CubeWeights<R>,
     CubeTensor<R>,
     WantedGradients,
 );
@@ -85,7 +86,7 @@ where
             .with(Tunable::new(
                 "sketch_kernels",
                 |(x, weights, bias, activation): ForwardInputs<R>| {
-                    kernels::forward(x, &weights, bias, activation.kernel())
+                    kernels::forward(x, &weights, bias, activation)
                         .map_err(|err| err.to_string())
                 },
             ))
@@ -156,13 +157,13 @@ struct Gradients<R: CubeRuntime>([Option<CubeTensor<R>>; 5]);
 
 impl<R: CubeRuntime> cubecl::tune::AutotuneOutput for Gradients<R> {}
 
-fn cube_array<R: CubeRuntime>(weights: kernels::SketchWeights<R>) -> [CubeTensor<R>; 4] {
+fn cube_array<R: CubeRuntime>(weights: kernels::CubeWeights<R>) -> [CubeTensor<R>; 4] {
     [weights.s1s, weights.s2s, weights.u1s, weights.u2s]
 }
 
 fn kernel_weights<R, F, I, BT>(
     weights: SketchWeights<Cube<R, F, I, BT>>,
-) -> kernels::SketchWeights<R>
+) -> kernels::CubeWeights<R>
 where
     R: CubeRuntime,
     F: FloatElement,
@@ -170,13 +171,13 @@ where
     BT: BoolElement,
 {
     let [s1s, s2s, u1s, u2s] = weights.into_primitives();
-    kernels::SketchWeights { s1s, s2s, u1s, u2s }
+    kernels::CubeWeights { s1s, s2s, u1s, u2s }
 }
 
 fn kernel_gradients<R: CubeRuntime>(
     (x, weights, grad_output, wanted): BackwardInputs<R>,
 ) -> Result<Gradients<R>, kernels::KernelError> {
-    let wanted = kernels::WantedGradients {
+    let wanted = kernels::Operands {
         x: wanted.x,
         s1s: wanted.s1s,
         s2s: wanted.s2s,
@@ -223,7 +224,7 @@ where
         float(match strategy {
             KernelStrategy::Kernels => {
                 let (x, weights, bias, activation) = inputs;
-                expect_fits(kernels::forward(x, &weights, bias, activation.kernel()))
+                expect_fits(kernels::forward(x, &weights, bias, activation))
             }
             _ => autotuned_forward::<R, F, I, BT>(inputs),
         })

@@ -18,7 +18,7 @@
 //!
 //! Float tensors Flex holds as `f32`, `f64` or `f16` take this path on `gemm` (`f16`
 //! products accumulate as `gemm`'s `f16` kernels do); `bf16` ones take it on
-//! [`cpu::bf16`](crate::cpu::bf16)'s kernel, accumulating in `f32` (Flex's own `matmul`
+//! [`bf16`](burn_cpu_kernels::bf16)'s kernel, accumulating in `f32` (Flex's own `matmul`
 //! multiplies `bf16` through `f32` copies).
 
 use burn::backend::Flex;
@@ -28,10 +28,11 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::{
+    ActivationExt,
     Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
     burn_activation_backward, float, tensor_ops,
 };
-use crate::cpu::{MatRef, gemm};
+use burn_cpu_kernels::{MatRef, gemm};
 
 /// A strided matrix over a tensor's buffer.
 type Matrix<'a, E> = MatRef<'a, E>;
@@ -215,7 +216,7 @@ where
     }
 }
 
-/// One `bf16` product on [`crate::cpu::bf16`]'s kernel (`f32` accumulation), threaded by the
+/// One `bf16` product on [`burn_cpu_kernels::bf16`]'s kernel (`f32` accumulation), threaded by the
 /// kernel itself unless `parallelism` says one thread.
 fn bf16_call(
     dst: &mut [bf16],
@@ -227,7 +228,7 @@ fn bf16_call(
     parallelism: gemm::Parallelism,
 ) {
     let parallel = !matches!(parallelism, gemm::Parallelism::None);
-    crate::cpu::bf16::matmul(dst, stride, lhs, rhs, beta.to_f32(), accumulate, parallel);
+    burn_cpu_kernels::bf16::matmul(dst, stride, lhs, rhs, beta.to_f32(), accumulate, parallel);
 }
 
 /// The primitives of one call: `x`, the four factors, and the bias (forward) or `∂y`

@@ -1,5 +1,5 @@
 //! `SketchBackend` for [`HalfFlex`]: Flex's own path (the `bf16` products already on
-//! [`cpu::bf16`](crate::cpu::bf16)), on the same primitives.
+//! [`bf16`](burn_cpu_kernels::bf16)), on the same primitives.
 
 use burn::backend::Flex;
 use burn::tensor::{Tensor, TensorPrimitive};
@@ -7,7 +7,7 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use super::{
     Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
 };
-use crate::cpu::HalfFlex;
+use burn_fast_cpu::HalfFlex;
 
 /// The same tensor, as Flex's (the primitive is shared).
 fn flex<const D: usize>(tensor: Tensor<HalfFlex, D>) -> Tensor<Flex, D> {
@@ -70,49 +70,5 @@ impl SketchBackend for HalfFlex {
             strategy,
         );
         SketchGradients::from_primitives(grads.into_primitives())
-    }
-}
-
-/// Flex's: its tensors are Flex's, on the heap.
-#[cfg(feature = "profile")]
-impl burn_memory::DeviceMemory for HalfFlex {
-    const SOURCE: burn_memory::MemorySource = <Flex as burn_memory::DeviceMemory>::SOURCE;
-
-    fn memory_usage(
-        device: &Self::Device,
-        stream: burn_memory::MemoryStream,
-    ) -> Result<burn_memory::MemoryUsage, burn_memory::MemoryError> {
-        Flex::memory_usage(device, stream)
-    }
-
-    fn memory_capacity(device: &Self::Device) -> Option<u64> {
-        Flex::memory_capacity(device)
-    }
-}
-
-/// Flex's: one host memory, shared by every thread.
-#[cfg(feature = "profile")]
-impl burn_memory::DeviceTransfer for HalfFlex {
-    const HOST_MEMORY: bool = <Flex as burn_memory::DeviceTransfer>::HOST_MEMORY;
-
-    fn transfer_float(
-        tensor: burn::tensor::ops::FloatTensor<Self>,
-        device: &Self::Device,
-    ) -> burn::tensor::ops::FloatTensor<Self> {
-        Flex::transfer_float(tensor, device)
-    }
-
-    fn transfer_int(
-        tensor: burn::tensor::ops::IntTensor<Self>,
-        device: &Self::Device,
-    ) -> burn::tensor::ops::IntTensor<Self> {
-        Flex::transfer_int(tensor, device)
-    }
-
-    fn transfer_bool(
-        tensor: burn::tensor::ops::BoolTensor<Self>,
-        device: &Self::Device,
-    ) -> burn::tensor::ops::BoolTensor<Self> {
-        Flex::transfer_bool(tensor, device)
     }
 }

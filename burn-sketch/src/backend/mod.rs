@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `NdArray` | `ndarray` | its own: direct matrix products on the arrays |
 //! | `Flex` | `flex` | its own: `gemm` calls on the buffers, scale, bias and activation fused |
-//! | [`HalfFlex`](crate::cpu::HalfFlex) | `flex` | Flex's |
+//! | `HalfFlex` (burn-fast-cpu) | `flex` | Flex's |
 //! | every `CubeBackend` (`Wgpu`, `Cuda`, `Rocm`, ...) | `cubecl` (`wgpu`, `cuda`) | the `burn-sketch-kernels` kernels (activation in their output pass) or the tensor-op path, by [`KernelStrategy`] |
 //! | `Fusion<B>` | `fusion` | one custom operation in the fusion stream, running `B`'s |
 //! | `Profiled<B>` (burn-profiler) | `profile` | `B`'s, recorded as one operation |
@@ -44,7 +44,7 @@ mod weights;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-pub use crate::activation::Activation;
+pub use crate::activation::{Activation, ActivationExt};
 pub use gradients::{OPERANDS, SketchGradients, WantedGradients};
 pub use strategy::KernelStrategy;
 pub use weights::SketchWeights;

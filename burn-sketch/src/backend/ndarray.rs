@@ -26,6 +26,7 @@ use burn::tensor::backend::Backend;
 use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
 
 use super::{
+    ActivationExt,
     Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
     float, tensor_ops,
 };

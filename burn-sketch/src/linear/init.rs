@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{SkLinear, SkLinearConfig};
 use crate::backend::KernelStrategy;
-use crate::linalg::host::{pseudo_inverse, to_device, to_host};
+use burn_randnla::host::{pseudo_inverse, to_device, to_host};
 use crate::{FixedSketch, SketchError};
 
 /// How a sketched layer converted from a dense one sets its trained factors, given the fixed

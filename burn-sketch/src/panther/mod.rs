@@ -6,11 +6,10 @@
 //! on the Python side), so trained weights move both ways; [`load_sklinear`] also reads
 //! PyTorch's own `torch.save` files. A whole Panther model's file holds
 //! one such group per layer, each under its module path (`"encoder.0."`): pass it as `prefix`.
-//! [`load_performer`] reads Panther's `RandMultiHeadAttention` the same way, and
-//! [`load_skconv2d`] / [`save_skconv2d`] its `SKConv2d`.
+//! [`load_skconv2d`] / [`save_skconv2d`] do the same for its `SKConv2d`; burn-compress reads
+//! its `RandMultiHeadAttention` through the same [`read_state_dict`] and [`StateDict`].
 
 mod conv2d;
-mod performer;
 mod pickle;
 mod torch;
 
@@ -25,7 +24,6 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::{FixedSketch, SkLinear, SketchError};
 pub use conv2d::{load_skconv2d, save_skconv2d};
-pub use performer::{load_performer, load_performer_from_bytes};
 use torch::TorchFile;
 
 const S1S: &str = "S1s";
@@ -58,7 +56,7 @@ pub fn load_sklinear<B: Backend>(
 }
 
 /// The file's bytes, or [`SketchError::Io`] naming it.
-fn read_file(path: &Path) -> Result<Vec<u8>, SketchError> {
+pub fn read_file(path: &Path) -> Result<Vec<u8>, SketchError> {
     std::fs::read(path).map_err(|source| SketchError::Io {
         path: path.to_path_buf(),
         source,
@@ -86,11 +84,11 @@ fn read_sklinear<B: Backend>(
 
 /// Parses a checkpoint (safetensors, or PyTorch's `torch.save`) and hands its state dict to
 /// `read`; `path` names the file in [`SketchError::Format`].
-fn read_state_dict<T>(
+pub fn read_state_dict<T, E: From<SketchError>>(
     bytes: &[u8],
     path: &Path,
-    read: impl FnOnce(&dyn StateDict) -> Result<T, SketchError>,
-) -> Result<T, SketchError> {
+    read: impl FnOnce(&dyn StateDict) -> Result<T, E>,
+) -> Result<T, E> {
     let format_error = |message: String| SketchError::Format {
         path: path.to_path_buf(),
         message,
@@ -111,8 +109,10 @@ fn read_state_dict<T>(
 
 /// What loading needs of a checkpoint format: the shape of a named tensor without decoding
 /// it, then its values as floats.
-trait StateDict {
+pub trait StateDict {
+    /// The shape of the tensor stored under `key`, if there is one.
     fn shape(&self, key: &str) -> Option<Vec<usize>>;
+    /// The values of the tensor under `key` as `f32`, checked as [`load_sklinear`] documents.
     fn float_data(&self, key: &str) -> Result<TensorData, SketchError>;
 }
 
@@ -360,7 +360,9 @@ fn rank3(key: &str, shape: &[usize]) -> Result<[usize; 3], SketchError> {
     <[usize; 3]>::try_from(shape).map_err(|_| shape_error(key, shape, "a rank-3 tensor"))
 }
 
-fn expect_shape(
+/// `Ok` when a checkpoint tensor's shape is `shape`, else [`SketchError::ShapeMismatch`]
+/// naming `key` and saying `what` was expected.
+pub fn expect_shape(
     key: &str,
     found: &[usize],
     shape: &[usize],
@@ -373,7 +375,8 @@ fn expect_shape(
     }
 }
 
-fn shape_error(key: &str, found: &[usize], expected: &str) -> SketchError {
+/// [`SketchError::ShapeMismatch`] for `key`.
+pub fn shape_error(key: &str, found: &[usize], expected: &str) -> SketchError {
     SketchError::ShapeMismatch {
         key: key.to_string(),
         found: found.to_vec(),

@@ -1,19 +1,12 @@
-//! Reduced precision on the CPU: `int8` layers ([`Int8Linear`]) against the `f32` layers they
-//! come from, saved and loaded, converted inside a model with BatchNorm and Dropout, used from
-//! several threads; and the portable paths forced on.
+//! Reduced precision on the CPU: Flex's sketched product with its fused activations and in
+//! `bf16`, and the kernels' portable paths forced on.
 
 use burn::backend::Flex;
-use burn::module::Module;
-use burn::nn::LinearConfig;
-use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Distribution, Tensor, TensorData};
+use burn::tensor::{DType, Distribution, Tensor};
+use burn_cpu_kernels::{MatRef, bf16, features, int8};
 use burn_sketch::backend::{KernelStrategy, SketchWeights};
-use burn_sketch::cpu::{MatRef, bf16, features, int8};
-use burn_sketch::nn::{
-    AnyLinearConfig, Converter, Int8Linear, LinearKind, Selection, draw_params, stored_bytes,
-};
-use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend, SketchError};
+use burn_sketch::{Activation, ActivationExt, SkLinearConfig, SketchBackend};
 
 use crate::common;
 
@@ -36,233 +29,9 @@ fn relative_gap<const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32 {
         / scale
 }
 
-#[test]
-fn int8_layers_follow_their_f32_layers_on_odd_shapes() {
-    let _serial = common::serial();
-    let device = Default::default();
-    B::seed(&device, 21);
-    // (rows, d_in, d_out, T, k): sizes off every tile, batch 1, k = 1.
-    for (rows, d_in, d_out, terms, k) in [
-        (1, 33, 17, 1, 1),
-        (7, 100, 65, 2, 3),
-        (64, 257, 31, 1, 16),
-        (130, 64, 129, 3, 5),
-    ] {
-        let x = Tensor::<B, 2>::random([rows, d_in], Distribution::Default, &device);
-        let dense = LinearConfig::new(d_in, d_out).init::<B>(&device);
-        let q = Int8Linear::from_linear(&dense);
-        assert_eq!((q.d_input(), q.d_output(), q.sketch()), (d_in, d_out, None));
-        let gap = relative_gap(q.forward(x.clone()), dense.forward(x.clone()));
-        assert!(gap < 0.02, "dense {rows}×{d_in}→{d_out}: {gap}");
-        assert!(
-            gap > 0.0,
-            "dense {rows}×{d_in}→{d_out}: exact, so not quantized?"
-        );
-
-        let sketched = SkLinearConfig::new(d_in, d_out, terms, k).init::<B>(&device);
-        let q = Int8Linear::from_sketched(&sketched);
-        assert_eq!(q.sketch(), Some((terms, k)));
-        let gap = relative_gap(q.forward(x.clone()), sketched.forward(x.clone()));
-        assert!(
-            gap < 0.03,
-            "sketched {rows}×{d_in}→{d_out} T={terms} k={k}: {gap}"
-        );
-        // The dense weight the quantized layer stands for is the sketched one's, nearly.
-        let gap = relative_gap(q.to_dense_weight(), sketched.to_dense_weight());
-        assert!(gap < 0.03, "sketched weight: {gap}");
-    }
-}
-
-#[test]
-fn int8_layers_take_any_leading_dimensions() {
-    let device = Default::default();
-    let dense = LinearConfig::new(24, 8).init::<B>(&device);
-    let q = Int8Linear::from_linear(&dense);
-    let x = Tensor::<B, 3>::random([2, 5, 24], Distribution::Default, &device);
-    let y = q.forward(x.clone());
-    assert_eq!(y.dims(), [2, 5, 8]);
-    let flat = q.forward(x.reshape([10, 24])).reshape([2, 5, 8]);
-    assert_eq!(values(y), values(flat));
-}
-
-#[test]
-fn a_quantized_layer_saves_and_loads_bit_exact() {
-    let _serial = common::serial();
-    let device = Default::default();
-    B::seed(&device, 5);
-    let sketched = SkLinearConfig::new(300, 70, 2, 8).init::<B>(&device);
-    let q = Int8Linear::from_sketched(&sketched);
-    let x = Tensor::<B, 2>::random([9, 300], Distribution::Default, &device);
-    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
-    let bytes = recorder.record(q.clone().into_record(), ()).unwrap();
-    // int8 weights take one byte each in the file (plus the f32 scales and bias).
-    assert!(
-        bytes.len() < q.stored_bytes() + 4096,
-        "{} bytes saved for {} stored",
-        bytes.len(),
-        q.stored_bytes()
-    );
-    // Another layer of the same shape, other values, loaded from the record.
-    let other = Int8Linear::from_sketched(&SkLinearConfig::new(300, 70, 2, 8).init::<B>(&device));
-    assert_ne!(
-        values(other.forward(x.clone())),
-        values(q.forward(x.clone()))
-    );
-    let loaded = other.load_record(recorder.load(bytes, &device).unwrap());
-    assert_eq!(values(loaded.forward(x.clone())), values(q.forward(x)));
-}
-
-mod net {
-    use burn::module::Module;
-    use burn::nn::{BatchNorm, BatchNormConfig, Dropout, DropoutConfig};
-    use burn::tensor::Tensor;
-    use burn::tensor::activation::relu;
-    use burn::tensor::backend::Backend;
-    use burn_sketch::SketchBackend;
-    use burn_sketch::nn::{AnyLinear, AnyLinearConfig, LinearKind};
-
-    /// A model the int8 conversion was not written for: BatchNorm (whose training forward
-    /// differs from its inference one), Dropout, and a layer left in f32.
-    #[derive(Module, Debug)]
-    pub struct Net<B: Backend> {
-        pub first: AnyLinear<B>,
-        pub norm: BatchNorm<B>,
-        pub dropout: Dropout,
-        pub second: AnyLinear<B>,
-        pub head: AnyLinear<B>,
-    }
-
-    impl<B: SketchBackend> Net<B> {
-        pub fn new(device: &B::Device) -> Self {
-            let sketched = LinearKind::Sketched {
-                num_terms: 1,
-                low_rank: 8,
-            };
-            Self {
-                first: AnyLinearConfig::new(40, 64).init(device),
-                norm: BatchNormConfig::new(64).init(device),
-                dropout: DropoutConfig::new(0.3).init(),
-                second: AnyLinearConfig::new(64, 64)
-                    .with_kind(sketched)
-                    .init(device),
-                head: AnyLinearConfig::new(64, 10).init(device),
-            }
-        }
-
-        pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-            let x = self.first.forward(x);
-            let x = self
-                .norm
-                .forward(x.unsqueeze_dim::<3>(2))
-                .squeeze_dim::<2>(2);
-            let x = self.dropout.forward(relu(x));
-            self.head.forward(relu(self.second.forward(x)))
-        }
-    }
-}
-use net::Net;
-
-#[test]
-fn the_converter_quantizes_picked_layers_and_reports_bytes() {
-    let _serial = common::serial();
-    let device = Default::default();
-    B::seed(&device, 9);
-    let net = Net::<B>::new(&device);
-    draw_params::<B, _>(&net);
-    let x = Tensor::<B, 2>::random([16, 40], Distribution::Default, &device);
-    let before = net.forward(x.clone());
-    let (head, norm) = (
-        values(net.head.to_dense_weight()),
-        values(net.norm.gamma.val()),
-    );
-    let (quantized, report) = Converter::new()
-        .rule(Selection::paths(["first", "second"]), LinearKind::Int8)
-        .apply(net)
-        .unwrap();
-    assert_eq!(report.layers.len(), 2);
-    assert_eq!(
-        report.layers[1].from,
-        LinearKind::Sketched {
-            num_terms: 1,
-            low_rank: 8
-        }
-    );
-    assert!(
-        report
-            .layers
-            .iter()
-            .all(|l| l.to == LinearKind::Int8 && l.trainable_after == 0)
-    );
-    let (bytes_before, bytes_after) = report.bytes();
-    // The dense layer shrinks about 4×; the sketched one less (its fixed signs were f32).
-    assert_eq!(report.layers[0].bytes_before, 4 * (40 * 64 + 64));
-    assert_eq!(report.layers[0].bytes_after, 40 * 64 + 4 + 4 * 64 + 4 * 64);
-    assert!(
-        bytes_after * 3 < bytes_before,
-        "{bytes_before} → {bytes_after}"
-    );
-    assert!(report.to_string().contains("bytes"));
-    // Untouched layers are bit-exact, BatchNorm included.
-    assert_eq!(values(quantized.head.to_dense_weight()), head);
-    assert_eq!(values(quantized.norm.gamma.val()), norm);
-    assert_eq!(quantized.first.kind(), LinearKind::Int8);
-    assert!(stored_bytes::<B, _>(&quantized) < stored_bytes::<B, _>(&Net::<B>::new(&device)));
-    // Same outputs within int8's error: Flex is not an autodiff backend, so BatchNorm normalises
-    // with the running statistics and Dropout passes through, in both models.
-    let gap = relative_gap(quantized.forward(x), before);
-    assert!(gap < 0.05, "{gap}");
-}
-
-#[test]
-fn int8_is_made_by_conversion_not_initialised() {
-    let err = AnyLinearConfig::new(4, 4)
-        .with_kind(LinearKind::Int8)
-        .try_init::<B>(&Default::default())
-        .unwrap_err();
-    assert!(matches!(err, SketchError::Unsupported { .. }), "{err}");
-    // And an int8 layer does not convert further.
-    let layer = AnyLinearConfig::new(4, 4).init::<B>(&Default::default());
-    let q = layer.try_convert(LinearKind::Int8).unwrap();
-    assert!(q.try_convert(LinearKind::Dense).is_err());
-}
-
-#[test]
-fn one_int8_layer_serves_several_threads() {
-    let device = Default::default();
-    let layer: SkLinear<B> = SkLinearConfig::new(96, 48, 2, 4).init(&device);
-    let q = Int8Linear::from_sketched(&layer);
-    let inputs: Vec<Tensor<B, 2>> = (0..4)
-        .map(|i| Tensor::random([5 + i, 96], Distribution::Default, &device))
-        .collect();
-    let alone: Vec<Vec<f32>> = inputs
-        .iter()
-        .map(|x| values(q.forward(x.clone())))
-        .collect();
-    // A clone shares the packing; a fresh load would pack again. All give the same values.
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = inputs
-            .iter()
-            .map(|x| {
-                let (q, x) = (q.clone(), x.clone());
-                scope.spawn(move || {
-                    (0..20)
-                        .map(|_| values(q.forward(x.clone())))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        for (handle, want) in handles.into_iter().zip(&alone) {
-            for got in handle.join().unwrap() {
-                assert_eq!(&got, want);
-            }
-        }
-    });
-}
-
 /// The CPU paths' fused activations against Burn's own after the layer: Flex's sketched
 /// product in `f32` and `bf16` on a shape of several output tiles per thread (rows past one
-/// tile's 256, columns past one tile's width, neither a multiple of it), and the `int8`
-/// layers, dense and sketched, whose store applies it.
+/// tile's 256, columns past one tile's width, neither a multiple of it).
 #[test]
 fn fused_activations_match_burns_own() {
     let _serial = common::serial();
@@ -270,11 +39,6 @@ fn fused_activations_match_burns_own() {
     B::seed(&device, 23);
     let sketched = SkLinearConfig::new(40, 1100, 2, 8).init::<B>(&device);
     let x = Tensor::<B, 2>::random([600, 40], Distribution::Default, &device);
-    let dense = LinearConfig::new(40, 70).init::<B>(&device);
-    let int8 = [
-        Int8Linear::from_linear(&dense),
-        Int8Linear::from_sketched(&sketched),
-    ];
     for activation in [Activation::Relu, Activation::Gelu] {
         for (dtype, tolerance) in [(DType::F32, 1e-5), (DType::BF16, 2f32.powi(-7))] {
             let weights =
@@ -294,15 +58,6 @@ fn fused_activations_match_burns_own() {
             assert_eq!(fused.dtype(), dtype);
             let gap = relative_gap(fused, activation.apply(run(Activation::Identity)));
             assert!(gap <= tolerance, "{activation:?} {dtype:?}: {gap}");
-        }
-        for layer in &int8 {
-            let fused = layer.forward_activated(x.clone(), activation);
-            let gap = relative_gap(fused, activation.apply(layer.forward(x.clone())));
-            assert!(
-                gap <= 1e-6,
-                "int8 {:?} {activation:?}: {gap}",
-                layer.sketch()
-            );
         }
     }
 }
@@ -364,16 +119,7 @@ fn the_portable_paths_match_the_references() {
             assert!((got - want).abs() < 0.02 * scale, "{got} against {want}");
         }
 
-        // The layers on top: the same tolerances as on the kernels.
+        // The layer on top: the same tolerance as on the kernel.
         crate::flex::half_precision_matches_f32(DType::BF16, 2f32.powi(-7));
-        crate::half_flex::portable_matches_the_references();
-        let device = Default::default();
-        let dense = LinearConfig::new(k, n).init::<B>(&device);
-        let x = Tensor::<B, 2>::from_data(TensorData::new(xs, [m, k]), &device);
-        let gap = relative_gap(
-            Int8Linear::from_linear(&dense).forward(x.clone()),
-            dense.forward(x),
-        );
-        assert!(gap < 0.02, "{gap}");
     });
 }

@@ -3,8 +3,7 @@
 use std::fmt::Write;
 
 use super::measure::Row;
-
-const MB: f64 = 1e6;
+use crate::stats::MB;
 
 /// A markdown table, one row per point. "possible" is the speedup the FLOP counts allow, or
 /// with a device model the roofline bounds; "of bound" is the sketched forward's roofline

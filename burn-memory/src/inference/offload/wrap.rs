@@ -253,7 +253,7 @@ impl<B: DeviceMemory, M: Module<B>> OffloadedModel<B, M> {
     /// The model with every parameter back on the device and no link to the manager.
     pub fn into_inner(self) -> Result<M, MemoryError> {
         let pass = PassGuard::begin(&self.manager.inner);
-        let model = self.template.clone().map(&mut Materialise {
+        let model = self.template.clone().map(&mut LoadWrappedParams {
             only: Some(&self.params),
         });
         pass.finish().map(|()| model)
@@ -337,13 +337,14 @@ impl Checkpoint {
     }
 }
 
-/// Runs the initialisers of the parameters a wrap made (all of them without a list), leaving
-/// plain parameters on the device; others stay as they are.
-struct Materialise<'a> {
+/// Loads the parameters a wrap made lazy (all of them without a list) through the manager
+/// into plain parameters on the device, with no link left to the manager; others stay as
+/// they are.
+struct LoadWrappedParams<'a> {
     only: Option<&'a HashSet<ParamId>>,
 }
 
-impl<B: Backend> ModuleMapper<B> for Materialise<'_> {
+impl<B: Backend> ModuleMapper<B> for LoadWrappedParams<'_> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         match self.only {
             Some(ids) if !ids.contains(&param.id) => param,

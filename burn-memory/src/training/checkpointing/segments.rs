@@ -102,25 +102,7 @@ use rand_xoshiro::SplitMix64;
 use rand_xoshiro::rand_core::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::training::mixed_precision::Materialize;
-use crate::{MemoryError, MixedPrecision, Precision};
-
-/// A sequence of layers that segment checkpointing can split (and that offloading runs one
-/// layer at a time): its layers' forward, one at a time, for any backend (the training backend
-/// and its inner backend run the same code).
-///
-/// Every layer maps the state `X` to the next state `X`. By default `X` is `Tensor<B, 2>`
-/// (widths may change from one layer to the next); a model whose layers pass more than one
-/// tensor implements `Layers<B, X>` for a tuple or a struct of its own: `(activation,
-/// residual, mask)` for a transformer block, see [`SegmentState`] for what segment
-/// checkpointing needs of it. A "layer" is whatever the model treats as one step: a linear
-/// layer and its activation, a residual block, a normalisation.
-pub trait Layers<B: Backend, X = Tensor<B, 2>> {
-    /// How many layers the sequence has.
-    fn num_layers(&self) -> usize;
-    /// Runs layer `index` (from 0) on `input`.
-    fn forward_layer(&self, index: usize, input: X) -> X;
-}
+use crate::{Layers, MemoryError, MixedPrecision, Precision, draw_params};
 
 /// What flows from one layer to the next in a [`Layers`] sequence, as segment checkpointing
 /// saves it at segment boundaries and sends gradients back through it.
@@ -128,59 +110,9 @@ pub trait Layers<B: Backend, X = Tensor<B, 2>> {
 /// Float tensors carry gradients; bool and int tensors (masks, positions) pass through and get
 /// none. Implemented for `Tensor<B, D>`, `Tensor<B, D, Bool>`, `Tensor<B, D, Int>` and tuples of
 /// two to four states. A struct of the model's own implements it by delegating each method to
-/// its fields' implementations (call them as `SegmentState::<B>::cast(self.x, dtype)`: the
-/// tensors' inherent methods of the same names do not all mean the same):
-///
-/// ```
-/// use burn::tensor::backend::{AutodiffBackend, Backend};
-/// use burn::tensor::{Bool, FloatDType, Tensor};
-/// use burn_memory::SegmentState;
-///
-/// /// A transformer block's state: the residual stream and its padding mask.
-/// #[derive(Clone, Debug)]
-/// struct Stream<B: Backend> {
-///     residual: Tensor<B, 3>,
-///     mask: Tensor<B, 2, Bool>,
-/// }
-///
-/// impl<B: AutodiffBackend> SegmentState<B> for Stream<B> {
-///     // Only the float part has a gradient.
-///     type Grad = Tensor<B::InnerBackend, 3>;
-///
-///     fn detach(self) -> Self {
-///         Self { residual: SegmentState::<B>::detach(self.residual), ..self }
-///     }
-///     fn set_require_grad(self, require_grad: bool) -> Self {
-///         let residual = SegmentState::<B>::set_require_grad(self.residual, require_grad);
-///         Self { residual, ..self }
-///     }
-///     fn is_require_grad(&self) -> bool {
-///         SegmentState::<B>::is_require_grad(&self.residual)
-///     }
-///     fn device(&self) -> B::Device {
-///         self.residual.device()
-///     }
-///     fn cast(self, dtype: FloatDType) -> Self {
-///         Self { residual: SegmentState::<B>::cast(self.residual, dtype), ..self }
-///     }
-///     fn take_grad(&self, grads: &mut B::Gradients) -> Self::Grad {
-///         self.residual.take_grad(grads)
-///     }
-///     fn dot_grad(self, grad: Self::Grad) -> Option<Tensor<B, 1>> {
-///         self.residual.dot_grad(grad)
-///     }
-/// }
-///
-/// type A = burn::backend::Autodiff<burn::backend::NdArray>;
-/// let device = Default::default();
-/// let stream = Stream::<A> {
-///     residual: Tensor::ones([2, 3, 4], &device).require_grad(),
-///     mask: Tensor::<A, 2>::zeros([2, 3], &device).equal_elem(1.0),
-/// };
-/// assert!(stream.is_require_grad());
-/// let dot = stream.clone().dot_grad(Tensor::ones([2, 3, 4], &device)).unwrap();
-/// assert_eq!(dot.into_scalar(), 24.0);
-/// ```
+/// its fields' implementations, called as `SegmentState::<B>::cast(self.x, dtype)` (the
+/// tensors' inherent methods of the same names do not all mean the same): the book's chapter
+/// on checkpointing shows one.
 pub trait SegmentState<B: AutodiffBackend>: Clone + Sized {
     /// The gradient of the float parts, on the inner backend: a tensor for a float tensor,
     /// `()` for a bool or int tensor, a tuple of the parts' gradients for a tuple.
@@ -467,24 +399,15 @@ pub struct SegmentedGrads<B: AutodiffBackend, X: SegmentState<B> = Tensor<B, 2>>
 }
 
 /// One training step's forward and backward pass over `model`'s layers with segment
-/// checkpointing: `loss` maps the last layer's output to the (scalar) loss. Returns the loss and
-/// the merged gradients, equal to `loss(model(input)).backward()`'s with the same random
-/// draws.
+/// checkpointing: `loss` maps the last layer's output to the (scalar) loss. Returns the merged
+/// gradients, equal to `loss(model(input)).backward()`'s with the same random draws, while only
+/// each segment's input is kept instead of every layer's activations.
 ///
-/// A first pass runs the layers in training mode without a graph and keeps each segment's
-/// input; the backward pass then re-runs each segment, last first, from its saved input. Both
-/// passes of a segment draw from the same seed ([`SegmentSeeds`]: the step reads two integers
-/// from the device, and another thread drawing from the same backend during the step would
-/// break the match), so dropout masks are the same. Running statistics (batch norm) are
-/// updated once, by the first pass; the recompute's update is undone, and the step leaves them
-/// synced in the model. A step costs about `(S − 1)/S` of a training forward more than a plain
-/// one for `S` segments.
-///
-/// `loss` runs inside the last segment's graph: parameters it uses (a head outside the
-/// sequence, captured by the closure) get their gradients too, as long as they belong to
-/// `model`. Fails with [`MemoryError::Invalid`] when `segments` does not fit the model's layer
-/// count (see [`Segments::ranges`]), and with [`MemoryError::Backend`] when the step's seeds
-/// cannot be read from the device; both before any layer runs.
+/// Each segment but the last runs twice, from the same seed ([`SegmentSeeds`]), so dropout
+/// masks match; running statistics are updated once. Parameters that `loss` uses (a head
+/// captured by the closure) get gradients too, if they belong to `model`. Fails before any
+/// layer runs, with [`MemoryError::Invalid`] when `segments` does not fit the layer count (see
+/// [`Segments::ranges`]) or [`MemoryError::Backend`] when the seeds cannot be read.
 pub fn segmented_backward<B, M, X>(
     model: &M,
     input: X,
@@ -557,7 +480,7 @@ where
     // Before any layer runs, so that the step's first draw is the seeds' (and lazy parameters
     // are initialised once, in `forward`: a clone would initialise its own values).
     let seeds = SegmentSeeds::draw::<B>(&device)?;
-    forward.visit(&mut Materialize);
+    draw_params(forward);
     tracing::trace!(segments = ranges.len(), ?seeds, "segmented step");
 
     // The first pass: training mode, no graph; keeps the inputs of segments 1..=last.

@@ -56,47 +56,14 @@ use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor, TensorData};
 use burn_sketch::backend::KernelStrategy;
-use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend};
+use burn_sketch::{Activation, ActivationExt, SkLinear, SkLinearConfig, SketchBackend};
 
 /// Shapes with odd and prime sizes, a size-1 case and a wide/narrow pair.
 pub const SHAPES: [(usize, usize, usize); 4] = [(7, 5, 3), (13, 11, 2), (1, 1, 1), (24, 9, 5)];
 pub const TERMS: [usize; 3] = [1, 2, 4];
 
-/// The backend's random generator is global: tests that seed it or draw from it hold this
-/// lock, so that the test harness's threads cannot interleave their draws.
-pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// The relative tolerance of [`assert_close`], as `f32` bits (default `1e-4`). The CUDA suite
-/// raises it: Burn's CUDA matmul computes `f32` products on TF32 tensor cores (10-bit
-/// mantissa), so the tensor-op references differ from the kernels' exact `f32` sums by about
-/// `4e-4` of the output's scale (measured on an H100); the kernels themselves are held to
-/// `1e-4` against an `f64` reference in burn-sketch-kernels' own tests.
-pub static TOLERANCE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0x38d1b717);
-
-pub fn assert_close(actual: TensorData, expected: TensorData, what: &str) {
-    let tolerance = f32::from_bits(TOLERANCE.load(std::sync::atomic::Ordering::Relaxed));
-    assert_close_within(actual, expected, tolerance, what);
-}
-
-/// [`assert_close`] with an explicit relative tolerance, for the few comparisons whose
-/// references differ from the result by more than rounding (stated where used).
-pub fn assert_close_within(actual: TensorData, expected: TensorData, tolerance: f32, what: &str) {
-    let actual = actual.convert::<f32>();
-    let expected = expected.convert::<f32>();
-    assert_eq!(actual.shape, expected.shape, "{what}: shapes differ");
-    let a = actual.to_vec::<f32>().unwrap();
-    let e = expected.to_vec::<f32>().unwrap();
-    let scale = e.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-    for (i, (x, y)) in a.iter().zip(&e).enumerate() {
-        assert!(
-            (x - y).abs() <= tolerance * scale + 1e-6,
-            "{what}: element {i} is {x}, expected {y} (scale {scale})"
-        );
-    }
-}
+#[allow(unused_imports)]
+pub use crate::close::{TOLERANCE, assert_close, assert_close_within, serial};
 
 /// `y` written term by term, the formula of DESIGN.md with no concatenation trick.
 pub fn naive_forward<B: Backend>(layer: &SkLinear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {

@@ -1,0 +1,13 @@
+//! burn-compress's integration tests: one binary (each test binary links all of Burn again),
+//! one module per tool.
+
+#[path = "../../../testing/close.rs"]
+mod close;
+mod int8;
+#[path = "../../../testing/own_process.rs"]
+mod own_process;
+mod performer;
+mod prune;
+mod rank_search;
+mod transformer;
+mod wgpu;

@@ -1,0 +1,218 @@
+//! The activation a product applies as it stores its output.
+
+/// The element-wise function a product applies to its output, `y = f(x·W + bias)`, as it
+/// stores each value: an activation after a layer is one more pass over its largest tensor,
+/// which costs no memory traffic inside the store. The CPU kernels here, the CubeCL kernels of
+/// burn-sketch-kernels and the layers of burn-sketch and burn-compress share this one type.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum Activation {
+    /// `f(z) = z`: the plain layer.
+    #[default]
+    Identity,
+    /// `f(z) = max(z, 0)`.
+    Relu,
+    /// The exact GELU, `f(z) = z·Φ(z)`, as Burn's `gelu` and PyTorch's default
+    /// (`approximate='none'`), with `erf` within `1.5e-7` (see
+    /// [`apply_f32`](Activation::apply_f32)).
+    Gelu,
+}
+
+impl Activation {
+    /// `f` of one `f32` value. GELU's `erf` is Abramowitz and Stegun's 7.1.26 (within
+    /// `1.5e-7`, the approximation CubeCL's kernels use) on an `exp` of plain arithmetic, so
+    /// that a loop of it vectorises: [`apply_to`](Self::apply_to).
+    #[inline(always)]
+    pub fn apply_f32(self, value: f32) -> f32 {
+        match self {
+            Activation::Identity => value,
+            Activation::Relu => value.max(0.0),
+            Activation::Gelu => gelu(value),
+        }
+    }
+
+    /// [`apply_f32`](Self::apply_f32) on every value, in place: one loop the compiler turns
+    /// into AVX-512 (or AVX2, or SSE) instructions, since nothing in it is a call.
+    ///
+    /// Why not `libm`'s `erff` (burn-flex's own `gelu`): it is a scalar call per value, which
+    /// on a `256 × 4096` output costs several times the sketched product itself.
+    pub fn apply_to(self, values: &mut [f32]) {
+        if self == Activation::Identity {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F was detected.
+            unsafe { apply_to_avx512(self, values) };
+            return;
+        }
+        apply_each(self, values);
+    }
+
+    /// The backward of [`apply_to`](Self::apply_to), in place: `grad ← f'(z)·grad`, from
+    /// what a tracked forward keeps (`kept`): the output for ReLU, the pre-activation `z` for
+    /// GELU (`f'(z) = Φ(z) + z·φ(z)`). The identity leaves `grad` as it is.
+    ///
+    /// # Panics
+    /// If the two slices differ in length.
+    pub fn backward_to(self, kept: &[f32], grad: &mut [f32]) {
+        assert_eq!(kept.len(), grad.len(), "one kept value per gradient");
+        if self == Activation::Identity {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F was detected.
+            unsafe { backward_avx512(self, kept, grad) };
+            return;
+        }
+        backward_each(self, kept, grad);
+    }
+
+    /// [`apply_f32`](Self::apply_f32) in `f64`.
+    pub fn apply_f64(self, value: f64) -> f64 {
+        match self {
+            Activation::Identity => value,
+            Activation::Relu => value.max(0.0),
+            Activation::Gelu => {
+                0.5 * value * (1.0 + libm::erf(value * core::f64::consts::FRAC_1_SQRT_2))
+            }
+        }
+    }
+}
+
+/// [`Activation::apply_to`] compiled for AVX-512: sixteen values per instruction.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn apply_to_avx512(activation: Activation, values: &mut [f32]) {
+    apply_each(activation, values);
+}
+
+/// One loop per activation, chosen before it: a `match` inside the loop would keep it
+/// from being vectorised.
+#[inline(always)]
+fn apply_each(activation: Activation, values: &mut [f32]) {
+    match activation {
+        Activation::Identity => {}
+        Activation::Relu => values.iter_mut().for_each(|v| *v = v.max(0.0)),
+        Activation::Gelu => values.iter_mut().for_each(|v| *v = gelu(*v)),
+    }
+}
+
+/// [`Activation::backward_to`] compiled for AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn backward_avx512(activation: Activation, kept: &[f32], grad: &mut [f32]) {
+    backward_each(activation, kept, grad);
+}
+
+/// One loop per activation, as [`apply_each`].
+#[inline(always)]
+fn backward_each(activation: Activation, kept: &[f32], grad: &mut [f32]) {
+    let pairs = grad.iter_mut().zip(kept);
+    match activation {
+        Activation::Identity => {}
+        Activation::Relu => pairs.for_each(|(g, &y)| *g = if y > 0.0 { *g } else { 0.0 }),
+        Activation::Gelu => pairs.for_each(|(g, &z)| *g *= gelu_derivative(z)),
+    }
+}
+
+/// `Φ(z) + z·φ(z)`: GELU's derivative, with [`erf`] and the same `exp`.
+#[inline(always)]
+fn gelu_derivative(z: f32) -> f32 {
+    /// `1/√(2π)`.
+    const INV_SQRT_2PI: f32 = 0.398_942_3;
+    let cdf = 0.5 * (1.0 + erf(z * core::f32::consts::FRAC_1_SQRT_2));
+    cdf + z * INV_SQRT_2PI * exp_non_positive(-0.5 * z * z)
+}
+
+/// The exact GELU with [`erf`].
+#[inline(always)]
+fn gelu(value: f32) -> f32 {
+    0.5 * value * (1.0 + erf(value * core::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// `erf(x)` by Abramowitz and Stegun 7.1.26 (absolute error within `1.5e-7`).
+#[inline(always)]
+fn erf(x: f32) -> f32 {
+    let a = x.abs();
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let poly = t
+        * (0.254_829_6
+            + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152 + t * 1.061_405_4))));
+    (1.0 - poly * exp_non_positive(-a * a)).copysign(x)
+}
+
+/// `eˣ` for `x ≤ 0` (relative error about `1e-7`; `0` below `−87`): `2ⁿ·e^r` with `n` the
+/// nearest integer to `x·log₂e` and `|r| ≤ ln2/2`, `e^r` by its Taylor series to the 7th
+/// power (remainder below `6e-9`), `2ⁿ` built in the exponent bits.
+#[inline(always)]
+fn exp_non_positive(x: f32) -> f32 {
+    let x = x.max(-87.0);
+    let n = (x * core::f32::consts::LOG2_E + 0.5).floor();
+    let r = x - n * core::f32::consts::LN_2;
+    let mut series = 1.0 / 5040.0;
+    for c in [
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+        1.0,
+        1.0,
+    ] {
+        series = series * r + c;
+    }
+    // n ≥ −126: a normal power of two.
+    series * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fast_gelu_follows_libm_s() {
+        let mut worst = 0.0f64;
+        for i in -20_000..=20_000 {
+            let x = i as f32 / 2_000.0; // [−10, 10]
+            let exact = Activation::Gelu.apply_f64(x as f64);
+            let fast = Activation::Gelu.apply_f32(x) as f64;
+            worst = worst.max((fast - exact).abs() / exact.abs().max(1.0));
+        }
+        assert!(worst < 3e-7, "{worst}");
+        for x in [-100.0f32, -87.5, 0.0, 1e-30] {
+            assert!(Activation::Gelu.apply_f32(x).abs() < 1e-6, "{x}");
+        }
+        assert_eq!(Activation::Gelu.apply_f32(100.0), 100.0);
+        let mut values = [-1.0f32, 0.5, 3.0];
+        Activation::Relu.apply_to(&mut values);
+        assert_eq!(values, [0.0, 0.5, 3.0]);
+    }
+
+    /// The derivatives against central differences of the `f64` functions.
+    #[test]
+    fn the_backward_is_the_derivative() {
+        let z: Vec<f32> = (-400..=400).map(|i| i as f32 / 50.0).collect();
+        for activation in [Activation::Relu, Activation::Gelu] {
+            let kept: Vec<f32> = match activation {
+                Activation::Relu => z.iter().map(|&v| activation.apply_f32(v)).collect(),
+                _ => z.clone(),
+            };
+            let mut grad = vec![2.0f32; z.len()];
+            activation.backward_to(&kept, &mut grad);
+            for (&v, &g) in z.iter().zip(&grad) {
+                if v == 0.0 {
+                    continue; // ReLU's kink
+                }
+                let (v, h) = (v as f64, 1e-6);
+                let slope = (activation.apply_f64(v + h) - activation.apply_f64(v - h)) / (2.0 * h);
+                assert!(
+                    (g as f64 - 2.0 * slope).abs() < 1e-5,
+                    "{activation:?} at {v}: {g}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! `HalfFlex`'s `bf16` product: Burn's batched `matmul` (leading dimensions broadcast) on
+//! [`cpu::bf16::matmul`](burn_cpu_kernels::bf16::matmul), read through the operands' strides.
+
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::tensor::{Bytes, DType, Shape};
+use half::bf16;
+use rayon::prelude::*;
+
+use burn_cpu_kernels::MatRef;
+
+/// `lhs · rhs` of two `bf16` tensors of rank ≥ 2 (`[…, m, k] · […, k, n]`, the leading
+/// dimensions broadcast as Burn's `matmul` does), accumulated in `f32` and rounded once.
+///
+/// # Panics
+/// If the ranks or inner dimensions differ or the leading dimensions do not broadcast (Burn's
+/// `Tensor::matmul` checks these before a backend sees the call).
+pub(super) fn bf16(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
+    let (a, b) = (lhs.layout(), rhs.layout());
+    let rank = a.num_dims();
+    assert!(
+        rank >= 2 && b.num_dims() == rank,
+        "matmul of ranks {rank} and {}",
+        b.num_dims()
+    );
+    let (m, k, n) = (
+        a.shape()[rank - 2],
+        a.shape()[rank - 1],
+        b.shape()[rank - 1],
+    );
+    assert_eq!(
+        b.shape()[rank - 2],
+        k,
+        "inner dimensions {k} and {}",
+        b.shape()[rank - 2]
+    );
+    let batch: Vec<usize> = (0..rank - 2)
+        .map(|d| {
+            let (x, y) = (a.shape()[d], b.shape()[d]);
+            assert!(
+                x == y || x == 1 || y == 1,
+                "dimension {d}: {x} and {y} do not broadcast"
+            );
+            x.max(y)
+        })
+        .collect();
+    let batches: usize = batch.iter().product();
+    let mut dims = batch.clone();
+    dims.extend([m, n]);
+    let mut values = vec![bf16::ZERO; batches * m * n];
+    if m * n > 0 && k > 0 {
+        let (lhs_data, rhs_data) = (lhs.storage::<bf16>(), rhs.storage::<bf16>());
+        let product = |index: usize, dst: &mut [bf16], parallel: bool| {
+            let view = |data, layout: &Layout, rows, cols| {
+                let strides = layout.strides();
+                MatRef::strided(
+                    data,
+                    offset(layout, &batch, index),
+                    [rows, cols],
+                    [strides[rank - 2], strides[rank - 1]],
+                )
+            };
+            let (x, y) = (view(lhs_data, a, m, k), view(rhs_data, b, k, n));
+            burn_cpu_kernels::bf16::matmul(dst, n, x, y, 1.0, false, parallel);
+        };
+        // Many small products (attention's heads): one per thread; few large ones: each on
+        // all threads.
+        if batches >= 2 * rayon::current_num_threads() {
+            values
+                .par_chunks_mut(m * n)
+                .enumerate()
+                .for_each(|(index, dst)| product(index, dst, false));
+        } else {
+            for (index, dst) in values.chunks_mut(m * n).enumerate() {
+                product(index, dst, true);
+            }
+        }
+    }
+    FlexTensor::new(
+        Bytes::from_elems(values),
+        Layout::contiguous(Shape::from(dims)),
+        DType::BF16,
+    )
+}
+
+/// The buffer offset of batch `index` (row-major over `batch`) in `layout`, whose leading
+/// dimensions are `batch`'s or 1 (broadcast).
+fn offset(layout: &Layout, batch: &[usize], mut index: usize) -> usize {
+    let mut offset = layout.start_offset() as isize;
+    for d in (0..batch.len()).rev() {
+        let i = index % batch[d];
+        index /= batch[d];
+        if layout.shape()[d] != 1 {
+            offset += i as isize * layout.strides()[d];
+        }
+    }
+    offset as usize
+}

@@ -1,0 +1,458 @@
+//! `HalfFlex`: Flex with `bf16`/`f16` operations on the CPU's vector units. Its `f32` path is
+//! Flex's (burn-sketch runs its `SkLinear` suite on it); its half-precision operations must give what Flex's
+//! `f32` operation gives on the same values, rounded once, and its products what an `f32`
+//! accumulation of the `bf16` values gives.
+
+use burn::backend::flex::FlexDevice;
+use burn::backend::{Autodiff, Flex};
+use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
+use burn::nn::{BatchNormConfig, Dropout, DropoutConfig, LinearConfig};
+use burn::tensor::activation::{gelu, log_softmax, relu, sigmoid, softmax};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, Distribution, Int, Tensor, TensorData};
+use burn_fast_cpu::HalfFlex;
+use burn_memory::draw_params;
+use half::{bf16, f16};
+
+type AB = Autodiff<HalfFlex>;
+const DEVICE: FlexDevice = FlexDevice;
+
+#[path = "../../testing/close.rs"]
+mod close;
+#[path = "../../testing/own_process.rs"]
+mod own_process;
+
+/// Casts every float parameter to a dtype, as a new leaf (so that its gradient is kept).
+/// Parameters are initialised lazily, at first use: cast them only after
+/// [`draw_params`], or each cast draws new values.
+struct Cast(DType);
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Cast {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let dtype = self.0;
+        param.map(|tensor| {
+            let tracked = tensor.is_require_grad();
+            let cast = Tensor::from_inner(tensor.inner().cast(dtype));
+            if tracked { cast.require_grad() } else { cast }
+        })
+    }
+}
+
+/// Values spread over several binades, negative and positive, with some zeros: a pseudo-random
+/// sequence so that failures reproduce.
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|i| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            if i % 17 == 0 {
+                return 0.0;
+            }
+            let unit = (state >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+            (unit * 2.0 - 1.0) * 2f32.powi((state % 7) as i32 - 3)
+        })
+        .collect()
+}
+
+/// The same values as a `dtype` tensor on `HalfFlex` and as an `f32` tensor on Flex (the
+/// `f32` holding the rounded values exactly).
+fn pair<const D: usize>(
+    shape: [usize; D],
+    seed: u64,
+    dtype: DType,
+) -> (Tensor<HalfFlex, D>, Tensor<Flex, D>) {
+    let len = shape.iter().product();
+    // Rounded to `dtype` first, so that the f32 copy holds exactly the half values.
+    let exact = TensorData::new(values(len, seed), shape)
+        .convert_dtype(dtype)
+        .convert::<f32>();
+    let half = Tensor::<HalfFlex, D>::from_data(exact.clone(), &DEVICE).cast(dtype);
+    assert_eq!(half.dtype(), dtype);
+    (half, Tensor::from_data(exact, &DEVICE))
+}
+
+/// The `f32` tensor on Flex holding a half tensor's values exactly.
+fn twin<const D: usize>(half: &Tensor<HalfFlex, D>) -> Tensor<Flex, D> {
+    Tensor::from_data(half.clone().cast(DType::F32).into_data(), &DEVICE)
+}
+
+/// `got` (a `dtype` tensor) is `want` (Flex's `f32` result) rounded to `dtype`, bit for bit.
+fn assert_rounded<const D: usize>(what: &str, got: Tensor<HalfFlex, D>, want: Tensor<Flex, D>) {
+    assert_eq!(got.dims(), want.dims(), "{what}: shape");
+    let dtype = got.dtype();
+    let got = got.into_data();
+    let want = want.into_data().convert_dtype(dtype);
+    assert_eq!(got.dtype, dtype, "{what}: dtype");
+    let (got_bits, want_bits): (Vec<u16>, Vec<u16>) = match dtype {
+        DType::BF16 => (
+            got.iter::<bf16>().map(bf16::to_bits).collect(),
+            want.iter::<bf16>().map(bf16::to_bits).collect(),
+        ),
+        DType::F16 => (
+            got.to_vec::<f16>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect(),
+            want.to_vec::<f16>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect(),
+        ),
+        other => panic!("{what}: {other:?} is not a half type"),
+    };
+    let differ = got_bits
+        .iter()
+        .zip(&want_bits)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert_eq!(
+        differ,
+        0,
+        "{what}: {differ} of {} values differ",
+        got_bits.len()
+    );
+}
+
+/// Element-wise arithmetic, reductions and activations on contiguous, transposed, broadcast
+/// and sliced operands, odd sizes: Flex's `f32` result rounded once.
+#[test]
+fn half_operations_are_f32_rounded_once() {
+    for dtype in [DType::BF16, DType::F16] {
+        let (a, a32) = pair([37, 129], 1, dtype);
+        let (b, b32) = pair([37, 129], 2, dtype);
+        let (row, row32) = pair([1, 129], 3, dtype);
+        let (t, t32) = pair([129, 37], 4, dtype);
+        let t = t.swap_dims(0, 1);
+        let t32 = t32.swap_dims(0, 1);
+        // Each case is one operation on half values: a chain would round in between.
+        let positive = b.clone().abs() + 0.5;
+        let cases: Vec<(&str, Tensor<HalfFlex, 2>, Tensor<Flex, 2>)> = vec![
+            ("add", a.clone() + b.clone(), a32.clone() + b32.clone()),
+            (
+                "sub broadcast row",
+                a.clone() - row.clone(),
+                a32.clone() - row32.clone(),
+            ),
+            (
+                "mul transposed",
+                a.clone() * t.clone(),
+                a32.clone() * t32.clone(),
+            ),
+            (
+                "div",
+                a.clone() / positive.clone(),
+                a32.clone() / twin(&positive),
+            ),
+            ("mul_scalar", a.clone() * 0.3, a32.clone() * 0.3),
+            ("exp", a.clone().exp(), a32.clone().exp()),
+            ("log", positive.clone().log(), twin(&positive).log()),
+            ("sqrt", a.clone().abs().sqrt(), a32.clone().abs().sqrt()),
+            (
+                "powf_scalar",
+                a.clone().abs().powf_scalar(1.5),
+                a32.clone().abs().powf_scalar(1.5),
+            ),
+            ("tanh", a.clone().tanh(), a32.clone().tanh()),
+            ("sum_dim", a.clone().sum_dim(1), a32.clone().sum_dim(1)),
+            ("mean_dim", a.clone().mean_dim(0), a32.clone().mean_dim(0)),
+            ("max_dim", t.clone().max_dim(1), t32.clone().max_dim(1)),
+            ("relu", relu(a.clone()), relu(a32.clone())),
+            ("gelu", gelu(a.clone()), gelu(a32.clone())),
+            ("sigmoid", sigmoid(a.clone()), sigmoid(a32.clone())),
+            ("softmax", softmax(a.clone(), 1), softmax(a32.clone(), 1)),
+            (
+                "log_softmax",
+                log_softmax(t.clone(), 1),
+                log_softmax(t32.clone(), 1),
+            ),
+            (
+                "sliced",
+                a.clone().slice([3..20, 5..100]) * 2.0,
+                a32.clone().slice([3..20, 5..100]) * 2.0,
+            ),
+            (
+                "clamp",
+                a.clone().clamp(-0.1, 0.2),
+                a32.clone().clamp(-0.1, 0.2),
+            ),
+            (
+                "cast round trip",
+                a.clone().cast(DType::F32).cast(dtype),
+                a32.clone(),
+            ),
+        ];
+        for (what, got, want) in cases {
+            assert_rounded(&format!("{dtype:?} {what}"), got, want);
+        }
+        let (got, want) = (a.clone().sum(), a32.clone().sum());
+        assert_rounded(&format!("{dtype:?} sum"), got, want);
+        // Non-float outputs: the same comparisons and indices.
+        let got = a.clone().greater(b.clone()).into_data();
+        assert_eq!(
+            got,
+            a32.clone().greater(b32.clone()).into_data(),
+            "{dtype:?} greater"
+        );
+        let got: Tensor<HalfFlex, 2, Int> = t.clone().argmax(1);
+        assert_eq!(
+            got.into_data(),
+            t32.clone().argmax(1).into_data(),
+            "{dtype:?} argmax"
+        );
+        // Flex's own half path agrees (it rounds each value once too).
+        let flex_own = Tensor::<Flex, 2>::from_data(a32.clone().into_data(), &DEVICE)
+            .cast(dtype)
+            .exp();
+        assert_eq!(flex_own.dtype(), dtype);
+        assert_rounded(
+            &format!("{dtype:?} exp against Flex's own"),
+            a.clone().exp(),
+            flex_own.cast(DType::F32),
+        );
+    }
+}
+
+/// `f32 → bf16 → f32` casts agree with `half`'s conversions on special values and a
+/// pseudo-random sweep of bit patterns (NaNs, infinities, subnormals, ties).
+#[test]
+fn casts_round_as_half_does() {
+    let mut bits: Vec<u32> = vec![
+        0,
+        0x8000_0000,
+        0x7f80_0000,
+        0xff80_0000,
+        0x7fc0_0000,
+        0x7f80_0001,
+        0xffff_ffff,
+        0x0000_0001,
+        0x0001_8000, // a tie, odd
+        0x0000_8000, // a tie, even
+        0x7f7f_ffff, // rounds to infinity
+        0x3f80_8000,
+        0x3f81_8000,
+    ];
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    bits.extend((0..200_003).map(|_| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as u32
+    }));
+    let floats: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+    let len = floats.len();
+    let x = Tensor::<HalfFlex, 1>::from_data(TensorData::new(floats.clone(), [len]), &DEVICE);
+    let got = x.cast(DType::BF16).into_data();
+    for (i, (value, got)) in floats.iter().zip(got.iter::<bf16>()).enumerate() {
+        let want = bf16::from_f32(*value);
+        let same = want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan());
+        assert!(
+            same,
+            "value {i} ({:#010x}): {:#06x} against half's {:#06x}",
+            bits[i],
+            got.to_bits(),
+            want.to_bits()
+        );
+    }
+    // Widening is exact: the rounded values come back bit for bit.
+    let rounded: Vec<f32> = floats.iter().map(|v| bf16::from_f32(*v).to_f32()).collect();
+    let halves = Tensor::<HalfFlex, 1>::from_data(TensorData::new(rounded, [len]), &DEVICE)
+        .cast(DType::BF16);
+    assert_eq!(halves.dtype(), DType::BF16);
+    let back = halves.cast(DType::F32).into_data();
+    for (value, got) in floats.iter().zip(back.iter::<f32>()) {
+        let want = bf16::from_f32(*value).to_f32();
+        assert!(want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()));
+    }
+}
+
+/// `bf16` products, batched and broadcast, transposed and sliced operands, odd sizes, `k = 1`
+/// and batch 1: within `f32` accumulation of the exact `bf16` values (so within one `bf16`
+/// rounding of the `f64` product), and close to Flex's own.
+#[test]
+fn bf16_products_match_f64() {
+    let cases: [([usize; 4], [usize; 4], bool); 6] = [
+        ([1, 1, 1, 1], [1, 1, 1, 1], false),
+        ([1, 1, 7, 3], [1, 1, 3, 5], false),
+        ([2, 1, 13, 33], [1, 3, 33, 17], false),
+        ([1, 2, 64, 1], [1, 2, 1, 40], false),
+        ([1, 1, 37, 130], [1, 1, 65, 130], true), // rhs read transposed
+        ([3, 4, 9, 16], [3, 4, 31, 16], true),
+    ];
+    for (seed, (lhs_shape, rhs_shape, transposed)) in cases.into_iter().enumerate() {
+        let (lhs, lhs32) = pair(lhs_shape, 10 + seed as u64, DType::BF16);
+        let (rhs, rhs32) = pair(rhs_shape, 20 + seed as u64, DType::BF16);
+        let (rhs, rhs32) = if transposed {
+            (rhs.swap_dims(2, 3), rhs32.swap_dims(2, 3))
+        } else {
+            (rhs, rhs32)
+        };
+        let got = lhs.clone().matmul(rhs.clone());
+        assert_eq!(got.dtype(), DType::BF16);
+        let want = lhs32
+            .cast(DType::F64)
+            .matmul(rhs32.cast(DType::F64))
+            .into_data();
+        assert_eq!(got.dims(), want.shape.as_slice(), "case {seed}: shape");
+        let got = got.into_data().convert::<f64>();
+        for (g, w) in got.iter::<f64>().zip(want.iter::<f64>()) {
+            // One bf16 rounding of the output (2⁻⁸ relative) plus f32 sums.
+            assert!(
+                (g - w).abs() <= w.abs() * 2f64.powi(-8) + 1e-5,
+                "case {seed}: {g} against {w}"
+            );
+        }
+    }
+}
+
+/// A user's Burn `nn::Linear` in `bf16` under autodiff: forward and both gradients within
+/// `bf16` precision of the `f32` ones (it takes the kernel, not Flex's `f64` copies).
+#[test]
+fn burn_linear_in_bf16_trains_like_f32() {
+    let _serial = crate::close::serial();
+    let device = DEVICE;
+    <AB as Backend>::seed(&device, 7);
+    let layer = LinearConfig::new(96, 40).init::<AB>(&device);
+    draw_params(&layer);
+    let x = Tensor::<AB, 2>::random([33, 96], Distribution::Default, &device);
+    let run = |dtype: DType| {
+        let layer = layer.clone().map(&mut Cast(dtype));
+        let x = Tensor::<AB, 2>::from_inner(x.clone().inner().cast(dtype)).require_grad();
+        let y = layer.forward(x.clone());
+        assert_eq!(y.dtype(), dtype);
+        let grads = (y.clone() * y.clone()).sum().backward();
+        let gx = x.grad(&grads).unwrap().cast(DType::F32);
+        let gw = layer.weight.grad(&grads).unwrap().cast(DType::F32);
+        (y.cast(DType::F32).inner(), gx, gw)
+    };
+    let (y16, gx16, gw16) = run(DType::BF16);
+    let (y32, gx32, gw32) = run(DType::F32);
+    for (what, got, want) in [("y", y16, y32), ("∂x", gx16, gx32), ("∂w", gw16, gw32)] {
+        let scale = want.clone().abs().max().into_scalar();
+        let gap = (got - want).abs().max().into_scalar();
+        assert!(
+            gap <= 8.0 * 2f32.powi(-7) * scale,
+            "{what}: {gap} of {scale}"
+        );
+        assert!(gap > 0.0, "{what}: exact, so it ran in f32");
+    }
+}
+
+/// A model the feature was not written for, in `bf16`: Linear, BatchNorm (training forward
+/// differs from inference) and Dropout (random masks, drawn from the same seeded generator):
+/// `HalfFlex` and Flex agree in training and inference.
+#[test]
+fn batchnorm_and_dropout_agree_with_flex() {
+    let _serial = crate::close::serial();
+    #[derive(Module, Debug)]
+    struct Net<B: Backend> {
+        fc: burn::nn::Linear<B>,
+        norm: burn::nn::BatchNorm<B>,
+        drop: Dropout,
+    }
+    impl<B: Backend> Net<B> {
+        fn init(device: &B::Device) -> Self {
+            Self {
+                fc: LinearConfig::new(24, 16).init(device),
+                norm: BatchNormConfig::new(16).init(device),
+                drop: DropoutConfig::new(0.3).init(),
+            }
+        }
+        fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+            let y = self.fc.forward(x).unsqueeze_dim::<3>(2);
+            self.drop.forward(self.norm.forward(y).squeeze_dim(2))
+        }
+    }
+    let outputs = |half: bool| -> Vec<Vec<f32>> {
+        let mut out = Vec::new();
+        macro_rules! run {
+            ($b:ty) => {{
+                <$b as Backend>::seed(&DEVICE, 11);
+                let net = Net::<$b>::init(&DEVICE);
+                draw_params(&net);
+                let net = net.map(&mut Cast(DType::BF16));
+                let x = Tensor::<$b, 2>::random([19, 24], Distribution::Default, &DEVICE)
+                    .cast(DType::BF16);
+                let train = net.forward(x.clone());
+                let y = net.forward(x.clone()); // updates the running statistics again
+                let valid = net.valid().forward(x.clone().inner());
+                for t in [train.inner(), y.inner(), valid] {
+                    out.push(t.cast(DType::F32).into_data().to_vec::<f32>().unwrap());
+                }
+            }};
+        }
+        if half {
+            run!(Autodiff<HalfFlex>)
+        } else {
+            run!(Autodiff<Flex>)
+        }
+        out
+    };
+    let (ours, flex) = (outputs(true), outputs(false));
+    for (step, (got, want)) in ours.iter().zip(&flex).enumerate() {
+        let zeros = |v: &[f32]| v.iter().filter(|x| **x == 0.0).count();
+        assert_eq!(zeros(got), zeros(want), "step {step}: the dropout masks");
+        let scale = want.iter().fold(0f32, |s, v| s.max(v.abs()));
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (g - w).abs() <= 4.0 * 2f32.powi(-7) * scale,
+                "step {step}: {g} against {w}"
+            );
+        }
+    }
+}
+
+/// Several threads multiply and reduce at once: each gets what it gets alone.
+#[test]
+fn threads_at_once() {
+    let (a, _) = pair([64, 48], 5, DType::BF16);
+    let (b, _) = pair([48, 80], 6, DType::BF16);
+    let alone = softmax(a.clone().matmul(b.clone()), 1).into_data();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| scope.spawn(|| softmax(a.clone().matmul(b.clone()), 1).into_data()))
+            .collect();
+        for handle in handles {
+            assert_eq!(handle.join().unwrap(), alone);
+        }
+    });
+}
+
+/// With `BURN_SKETCH_PORTABLE=1`, in a process of its own (the choice is made once per
+/// process): the scalar conversion loops and the portable `bf16` product give the same
+/// results.
+#[test]
+fn the_portable_paths_match_the_references() {
+    crate::own_process::in_own_process("the_portable_paths_match_the_references", || {
+        // SAFETY: this child process runs this test alone, before any thread reads the
+        // environment.
+        unsafe { std::env::set_var("BURN_SKETCH_PORTABLE", "1") };
+        assert!(burn_cpu_kernels::features().forced_portable);
+        portable_matches_the_references();
+    });
+}
+
+fn portable_matches_the_references() {
+    let (a, a32) = pair([19, 37], 30, DType::BF16);
+    let (b, b32) = pair([37, 23], 31, DType::BF16);
+    assert_rounded(
+        "portable add",
+        a.clone() + a.clone(),
+        a32.clone() + a32.clone(),
+    );
+    assert_rounded("portable exp", a.clone().exp(), a32.clone().exp());
+    let got = a.matmul(b).cast(DType::F32).into_data();
+    let want = a32
+        .cast(DType::F64)
+        .matmul(b32.cast(DType::F64))
+        .into_data();
+    for (g, w) in got.iter::<f64>().zip(want.iter::<f64>()) {
+        assert!(
+            (g - w).abs() <= w.abs() * 2f64.powi(-8) + 1e-5,
+            "{g} against {w}"
+        );
+    }
+}
