@@ -3,7 +3,8 @@
 
 #![allow(dead_code)]
 
-use burn::tensor::TensorData;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
 
 /// The backend's random generator is global: tests that seed it or draw from it hold this
 /// lock, so that the test harness's threads cannot interleave their draws.
@@ -41,3 +42,19 @@ pub fn assert_close_within(actual: TensorData, expected: TensorData, tolerance: 
     }
 }
 
+
+/// A tensor's values as `f32`, row-major.
+pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().to_vec::<f32>().unwrap()
+}
+
+/// The largest `|a − b|` over the largest `|b|`.
+pub fn relative_gap<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32 {
+    let (a, b) = (values(a), values(b));
+    let scale = b.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+        / scale
+}

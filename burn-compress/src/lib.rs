@@ -10,10 +10,12 @@
 //!   `RandMultiHeadAttention`, FAVOR+, checkpoints read by [`load_performer`]);
 //!   [`TransformerBlock`]: a pre-norm block of either attention and an [`Mlp`].
 //! - [`Converter`]: converts the layers a [`Selection`] picks in any model built from
-//!   `AnyLinear`s, reporting parameters and stored bytes.
+//!   `AnyLinear`s, reporting parameters and stored bytes ([`ConversionReport`],
+//!   [`stored_bytes`]).
 //! - [`rank_search`]: [`RankSearch`] finds each layer group's cheapest `(num_terms, low_rank)`
 //!   whose quality passes (Panther's `SKAutoTuner`; not CubeCL's kernel autotuning).
 //! - [`prune`]: magnitude and structured pruning, masks, shrinking.
+//! - [`CompressError`]: every error of the crate.
 //!
 //! Burn draws a parameter on its first use: call `burn_memory::draw_params` on a freshly built
 //! model before cloning it when the clone must hold the same weights.

@@ -26,10 +26,10 @@ const PROJECTION: &str = "projection_matrix";
 /// in a checkpoint file (safetensors, or a PyTorch `torch.save` of the state dict), with the
 /// checks of burn-sketch's `panther::load_sklinear`. Panther keeps the number of heads, the
 /// kernel and causality out of the state dict, so they come from `config`, and every shape is
-/// checked against it before any tensor is built ([`SketchError::MissingKey`],
-/// [`SketchError::ShapeMismatch`]). Sketched `config.projections` sketch the loaded dense
-/// weights. The random projection loads as fixed state, so the module computes what
-/// Panther's does; the book's "Panther checkpoints" chapter has the details and the limits.
+/// checked against it before any tensor is built ([`SketchError::MissingKey`] and
+/// [`SketchError::ShapeMismatch`], in [`CompressError::Sketch`]). Sketched `config.projections`
+/// sketch the loaded dense weights. The random projection loads as fixed state, so the module
+/// computes what Panther's does; the book's "Panther checkpoints" chapter has the details.
 pub fn load_performer<B: Backend>(
     path: &Path,
     prefix: &str,

@@ -8,6 +8,18 @@
 //! and is read in place; other layouts, and the right operand, are packed into pairs first.
 //!
 //! [`reference()`] is the same product in `f64`, for tests.
+//!
+//! ```
+//! use burn_cpu_kernels::{MatRef, bf16};
+//! use half::bf16 as Bf16;
+//!
+//! let a: Vec<Bf16> = [1.0, 2.0, 3.0, 4.0].map(Bf16::from_f32).to_vec(); // [[1, 2], [3, 4]]
+//! let b: Vec<Bf16> = [1.0, 0.0, 0.0, 1.0].map(Bf16::from_f32).to_vec(); // identity
+//! let mut y = vec![0.0f32; 4];
+//! // y = 2·a·b, into all 2 columns of rows 2 long; not accumulated, in parallel.
+//! bf16::matmul(&mut y, 2, MatRef::row_major(&a, 2, 2), MatRef::row_major(&b, 2, 2), 2.0, false, true);
+//! assert_eq!(y, [2.0, 4.0, 6.0, 8.0]);
+//! ```
 
 use ::half::bf16;
 
@@ -52,22 +64,11 @@ mod sealed {
 /// `dst = alpha·lhs·rhs`, or `dst += alpha·lhs·rhs` with `accumulate`, into the first
 /// `rhs.cols` columns of a row-major `dst` whose rows are `stride` long; products accumulate
 /// in `f32`. With `parallel`, rayon's threads share the output (each a block of rows or of
-/// columns).
+/// columns). The [module docs](self) have an example.
 ///
 /// # Panics
 /// If the inner dimensions differ or `dst` is not `lhs.rows × stride` with
 /// `stride ≥ rhs.cols`.
-///
-/// ```
-/// use burn_cpu_kernels::{MatRef, bf16};
-/// use half::bf16 as Bf16;
-///
-/// let a: Vec<Bf16> = [1.0, 2.0, 3.0, 4.0].map(Bf16::from_f32).to_vec(); // [[1, 2], [3, 4]]
-/// let b: Vec<Bf16> = [1.0, 0.0, 0.0, 1.0].map(Bf16::from_f32).to_vec(); // identity
-/// let mut y = vec![0.0f32; 4];
-/// bf16::matmul(&mut y, 2, MatRef::row_major(&a, 2, 2), MatRef::row_major(&b, 2, 2), 2.0, false, true);
-/// assert_eq!(y, [2.0, 4.0, 6.0, 8.0]);
-/// ```
 pub fn matmul<O: Output>(
     dst: &mut [O],
     stride: usize,

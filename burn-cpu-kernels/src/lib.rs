@@ -18,6 +18,13 @@
 //! Setting `BURN_SKETCH_PORTABLE=1` in the environment forces the portable paths (read once,
 //! at the first product): the same results within each precision's tolerance, for checking
 //! and for comparing speeds.
+//!
+//! - [`bf16`]: the `bf16` product ([`bf16::matmul`]) and its `f64` reference;
+//! - [`int8`]: quantized matrices and the `int8` product ([`int8::matmul`]);
+//! - [`mod@activation`]: the [`Activation`] a product applies as it stores its output;
+//! - [`peak`]: this CPU's measured peak per kind of product, for benchmarks;
+//! - [`Features`], [`features`]: which instructions this CPU has, detected once;
+//! - [`MatRef`], [`gemm()`]: strided matrix views, and one `gemm` call on them.
 
 pub mod activation;
 pub mod bf16;

@@ -1,8 +1,8 @@
 //! Drawing a module's lazily initialised parameters.
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::tensor::{Bool, Int, Tensor};
 use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Int, Tensor};
 
 /// Draws, in place, every parameter of `module` that is still lazily initialised.
 ///

@@ -18,12 +18,30 @@
 //! ```
 //! use burn::backend::Flex;
 //! use burn::tensor::{Distribution, Tensor};
+//! use burn_randnla::{CqrrptConfig, RandomizedSvdConfig};
 //!
 //! let device = Default::default();
 //! let a = Tensor::<Flex, 2>::random([200, 12], Distribution::Default, &device);
 //! let qr = burn_randnla::qr(a.clone()).unwrap();
 //! let back = qr.q.matmul(qr.r);
 //! assert!(back.sub(a).abs().max().into_scalar() < 1e-4);
+//!
+//! // CQRRPT finds the rank: 40 columns spanning a 25-dimensional space.
+//! let a = Tensor::<Flex, 2>::random([2000, 25], Distribution::Default, &device)
+//!     .matmul(Tensor::random([25, 40], Distribution::Default, &device));
+//! let qr = CqrrptConfig::new().decompose(a).unwrap();
+//! assert_eq!(qr.rank, 25);
+//! assert_eq!(qr.q.dims(), [2000, 25]);
+//! assert_eq!(qr.r.dims(), [25, 40]);
+//!
+//! // A rank-5 matrix: its rank-5 randomized SVD is exact.
+//! let a = Tensor::<Flex, 2>::random([300, 5], Distribution::Default, &device)
+//!     .matmul(Tensor::random([5, 200], Distribution::Default, &device));
+//! let svd = RandomizedSvdConfig::new(5).decompose(a.clone()).unwrap();
+//! assert_eq!(svd.u.dims(), [300, 5]);
+//! let error = (svd.reconstruct() - a.clone()).powi_scalar(2).sum().sqrt().into_scalar();
+//! let norm = a.powi_scalar(2).sum().sqrt().into_scalar();
+//! assert!(error / norm < 1e-4);
 //! ```
 
 #![warn(missing_docs)]

@@ -25,20 +25,12 @@ pub enum ForwardPath {
     Tiled,
 }
 
-/// Chooses the forward kernels.
-///
-/// The fused kernel computes each row tile's block of `P` in one cube, walking all of `d_in`
-/// in sequence. That is the right shape of work when there are rows enough for the tiles of
-/// `P` to fill the device by themselves. When they do not (a batch of 256 rows and
-/// `2Tk = 32` is 32 tiles, for a GPU with over a hundred multiprocessors), the projection is
-/// split in depth across cubes (see [`split_count`]) and the fused kernel adds the slices:
-/// [`ForwardPath::Split`]. Either needs the `P` block in shared memory
-/// (`2Tk ≤ MAX_FUSED_RANK`); wider ranks take [`ForwardPath::Tiled`].
-///
-/// The column groups: where the row tiles alone are fewer than about two cubes per
-/// multiprocessor (64 cubes where the device does not report its count), `d_out` is split
-/// into groups; each extra group makes its rows' block of `P` again, so groups stop at one
-/// per 16 output columns.
+/// Chooses the forward kernels from the device's properties: [`ForwardPath::Fused`] when the
+/// row tiles of `P` fill the device by themselves, [`ForwardPath::Split`] (the projection split
+/// in depth across cubes, see [`split_count`]) when they are too few, and
+/// [`ForwardPath::Tiled`] when `2Tk > MAX_FUSED_RANK`, too wide for the `P` block in shared
+/// memory. With too few row tiles, `d_out` is also split into column groups, at most one per
+/// 16 output columns. Why these thresholds: the book's "Backends and kernels".
 pub fn choose_forward_path<R: CubeRuntime>(
     client: &cubecl::prelude::ComputeClient<R>,
     rows: usize,

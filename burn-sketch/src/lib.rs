@@ -16,32 +16,19 @@
 //! (the fused CubeCL kernels, the Flex path on `gemm`) are picked up with no change to model
 //! code.
 //!
-//! - [`SkLinear`], [`SkConv2d`]: the layers and their configurations;
-//!   [`FixedSketch`]: the fixed sign sketches they hold, recorded by seed;
+//! - [`SkLinear`], [`SkConv2d`]: the layers and their configurations ([`SkLinearConfig`],
+//!   [`SkConv2dConfig`], [`SketchInit`], [`ParamCounts`]); [`FixedSketch`]: the fixed sign
+//!   sketches they hold, recorded by seed;
 //! - [`backend`]: [`SketchBackend`], one module per backend (NdArray, Flex, `HalfFlex`, CubeCL,
-//!   fusion, `Profiled`, `Autodiff`);
+//!   fusion, `Profiled`, `Autodiff`), with [`SketchWeights`] and [`KernelStrategy`];
 //! - [`panther`]: Panther's checkpoints, read and written;
-//! - [`ActivationExt`]: the fused [`Activation`] on Burn tensors.
+//! - [`ActivationExt`]: the fused [`Activation`] on Burn tensors;
+//! - [`SketchError`]: every error of the crate.
 //!
 //! Model-level tools built on these layers (`AnyLinear`, attention, conversion, rank search,
 //! pruning) are [burn-compress](https://docs.rs/burn-compress); the randomized linear algebra
 //! is [burn-randnla](https://docs.rs/burn-randnla); the CPU kernels and backends are
 //! [burn-cpu-kernels](https://docs.rs/burn-cpu-kernels) and [burn-fast-cpu](https://docs.rs/burn-fast-cpu).
-//!
-//! On `Wgpu`, the first use of a device (building a layer, a tensor) is where CubeCL looks for
-//! a graphics adapter, and without one it panics on its device thread: programs that may run
-//! where no Vulkan or Metal driver is installed call `burn_memory::wgpu_adapter()` first, which
-//! returns an error saying what to install.
-//!
-//! ```
-//!
-//! `S1_t` (`[d_in, k]`) and `S2_t` (`[k, d_out]`) are trained; `U1_t`, `U2_t` are fixed random
-//! sign sketches. For `k ≪ d_in, d_out` the layer has far fewer parameters and FLOPs than the
-//! dense weight it replaces, and at initialisation it is an unbiased estimate of a dense layer
-//! (drawn at random, or an existing one via [`SkLinear::from_linear`]).
-//!
-//! The product runs through [`SketchBackend`], so backends with a faster implementation
-//! (the fused CubeCL kernels) are picked up with no change to model code.
 //!
 //! On `Wgpu`, the first use of a device (building a layer, a tensor) is where CubeCL looks for
 //! a graphics adapter, and without one it panics on its device thread: programs that may run

@@ -52,7 +52,7 @@ use burn_memory::{
     Precision, Segments,
 };
 use burn_profiler::Profiled;
-use burn_sketch::nn::{AttentionKind, Converter, FeatureMap, LinearKind, Selection};
+use burn_compress::{AttentionKind, Converter, FeatureMap, LinearKind, Selection};
 use burn_sketch::{SketchBackend, SketchInit};
 use clap::Parser;
 use examples::backend::{BackendKind, HalfCompute};

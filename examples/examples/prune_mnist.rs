@@ -1,4 +1,4 @@
-//! Pruning the dense MNIST MLP (784-512-256-10) with burn-sketch's `prune`: test accuracy of
+//! Pruning the dense MNIST MLP (784-512-256-10) with burn-compress's `prune`: test accuracy of
 //! the trained model, then of (a) magnitude pruning with masks at several sparsities, each
 //! fine-tuned for an epoch with the masks on, and (b) structured L2 pruning of half the units
 //! of both hidden layers, shrunk into a 784-256-128-10 MLP and fine-tuned; with the forward
@@ -22,7 +22,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::AutodiffModule;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
-use burn_sketch::prune::{Norm, PruneConfig, PruneMethod};
+use burn_compress::prune::{Norm, PruneConfig, PruneMethod};
 use clap::Parser;
 use examples::data::DigitDataset;
 use examples::mlp::{Mlp, MlpConfig};

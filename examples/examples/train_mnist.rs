@@ -94,7 +94,7 @@ struct Args {
     /// Gradient checkpointing: recompute memory-bound activations in backward.
     #[arg(long, conflicts_with = "profile")]
     checkpointing: bool,
-    /// After training, quantize every layer to int8 (burn-sketch's `Int8Linear`) and report
+    /// After training, quantize every layer to int8 (burn-compress's `Int8Linear`) and report
     /// its test accuracy, bytes and inference time against the f32 model's.
     #[arg(long)]
     int8: bool,

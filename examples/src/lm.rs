@@ -1,5 +1,5 @@
 //! The language-model study's pieces: an English corpus read as characters, and a small causal
-//! transformer built from burn-sketch's blocks, whose linear layers are dense, sketched or
+//! transformer built from burn-compress's blocks, whose linear layers are dense, sketched or
 //! low-rank by configuration; [`profile`] records a few of its training steps, and [`report`]
 //! writes the study's results (tables, CSV, curves, JSON).
 
@@ -20,7 +20,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use burn_memory::{Layers, MemoryError, SegmentSeeds, Segments, segmented_backward};
 use burn_profiler::scope;
 use burn_sketch::SketchBackend;
-use burn_sketch::nn::{
+use burn_compress::{
     AnyLinear, AnyLinearConfig, AttentionKind, LinearKind, TransformerBlock, TransformerBlockConfig,
 };
 use rand_xoshiro::SplitMix64;
@@ -252,7 +252,7 @@ impl TransformerLmConfig {
         // Burn draws a parameter on its first use: draw them all now, in module order, so that
         // a model built after `B::seed` does not depend on which of its layers runs first, and
         // later draws (dropout masks) do not depend on whether the model was used before.
-        burn_sketch::nn::draw_params(&model);
+        burn_memory::draw_params(&model);
         model
     }
 }

@@ -11,8 +11,8 @@ use burn::tensor::{DType, Int, Tensor};
 use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
 use burn_memory::{Layers, MixedPrecision, Segments, SharedMixedPrecision, segmented_backward};
 use burn_profiler::{StepProfiler, scope};
-use burn_sketch::nn::Int8Linear;
-use burn_sketch::prune::{MaskedLinear, PruneConfig, SparsityReport, shrink_pair};
+use burn_compress::Int8Linear;
+use burn_compress::prune::{MaskedLinear, PruneConfig, SparsityReport, shrink_pair};
 use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend};
 
 use crate::data::DigitBatch;
@@ -225,7 +225,7 @@ impl<B: Backend> Mlp<B> {
     }
 
     /// The network for inference with `int8` weights: every layer, hidden and output,
-    /// quantized (burn-sketch's [`Int8Linear`], PyTorch's `quantize_dynamic` of the same
+    /// quantized (burn-compress's [`Int8Linear`], PyTorch's `quantize_dynamic` of the same
     /// layers).
     pub fn to_int8(&self) -> Int8Mlp<B> {
         let hidden = self.sketched.iter().map(Int8Linear::from_sketched);
@@ -243,17 +243,17 @@ impl<B: Backend> Mlp<B> {
 impl<B: Backend> Mlp<B> {
     /// The network with its dense hidden layers pruned as `config` says, each keeping its
     /// mask in the forward so that fine-tuning leaves the pruned weights at zero
-    /// (burn-sketch's `prune`); the small output layer is kept whole.
+    /// (burn-compress's `prune`); the small output layer is kept whole.
     ///
     /// # Errors
-    /// From the pruning (an amount outside `[0, 1]`); [`SketchError::Unsupported`] for an
+    /// From the pruning (an amount outside `[0, 1]`); [`CompressError::Unsupported`] for an
     /// MLP with sketched hidden layers, which this prunes no part of.
     ///
-    /// [`SketchError::Unsupported`]: burn_sketch::SketchError::Unsupported
+    /// [`CompressError::Unsupported`]: burn_compress::CompressError::Unsupported
     pub fn to_masked(
         &self,
         config: &PruneConfig,
-    ) -> Result<MaskedMlp<B>, burn_sketch::SketchError> {
+    ) -> Result<MaskedMlp<B>, burn_compress::CompressError> {
         self.dense_only()?;
         let hidden = self
             .dense
@@ -271,11 +271,11 @@ impl<B: Backend> Mlp<B> {
     /// the next layer's matching inputs are dropped, giving narrower dense layers.
     ///
     /// # Errors
-    /// As [`to_masked`](Self::to_masked); [`SketchError::Unsupported`] for an unstructured
+    /// As [`to_masked`](Self::to_masked); [`CompressError::Unsupported`] for an unstructured
     /// `config`, which removes no whole unit; `InvalidShape` when a layer would keep no unit.
     ///
-    /// [`SketchError::Unsupported`]: burn_sketch::SketchError::Unsupported
-    pub fn shrink_hidden(&self, config: &PruneConfig) -> Result<Self, burn_sketch::SketchError> {
+    /// [`CompressError::Unsupported`]: burn_compress::CompressError::Unsupported
+    pub fn shrink_hidden(&self, config: &PruneConfig) -> Result<Self, burn_compress::CompressError> {
         self.dense_only()?;
         let mut hidden = self.dense.clone();
         let mut output = self.output.clone();
@@ -284,7 +284,7 @@ impl<B: Backend> Mlp<B> {
             let keep =
                 masked
                     .kept_outputs()?
-                    .ok_or_else(|| burn_sketch::SketchError::Unsupported {
+                    .ok_or_else(|| burn_compress::CompressError::Unsupported {
                         what: "shrinking after unstructured pruning (it removes no whole unit)"
                             .into(),
                     })?;
@@ -325,11 +325,11 @@ impl<B: Backend> Mlp<B> {
         report.with("output", &self.output)
     }
 
-    fn dense_only(&self) -> Result<(), burn_sketch::SketchError> {
+    fn dense_only(&self) -> Result<(), burn_compress::CompressError> {
         if self.sketched.is_empty() {
             Ok(())
         } else {
-            Err(burn_sketch::SketchError::Unsupported {
+            Err(burn_compress::CompressError::Unsupported {
                 what: "pruning the MLP's sketched hidden layers (prune SkLinear layers one by \
                        one)"
                     .into(),

@@ -220,7 +220,7 @@ fn int8_report<B: SketchBackend>(
     };
     let f32_ms = time(&|x| model.forward(x));
     let int8_ms = time(&|x| quantized.forward(x));
-    let f32_bytes = burn_sketch::nn::stored_bytes::<B, _>(model);
+    let f32_bytes = burn_compress::stored_bytes::<B, _>(model);
     Int8Report {
         test_accuracy,
         f32_ms,

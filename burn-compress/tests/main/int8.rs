@@ -15,23 +15,9 @@ use burn_memory::draw_params;
 use burn_sketch::{Activation, ActivationExt, SkLinear, SkLinearConfig};
 
 use crate::close as common;
+use crate::close::{relative_gap, values};
 
 type B = Flex;
-
-fn values<const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data().convert::<f32>().to_vec::<f32>().unwrap()
-}
-
-/// The largest `|a − b|` over the largest `|b|`.
-fn relative_gap<const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32 {
-    let (a, b) = (values(a), values(b));
-    let scale = b.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-        / scale
-}
 
 #[test]
 fn int8_layers_follow_their_f32_layers_on_odd_shapes() {

@@ -9,12 +9,11 @@ use burn::backend::Flex;
 use burn::backend::flex::FlexDevice;
 use burn::config::Config;
 use burn::module::Module;
-use burn::tensor::backend::Backend;
 use burn::tensor::TensorData;
+use burn::tensor::backend::Backend;
 use burn_compress::{
-    CompressError,
-    AnyLinear, AnyLinearConfig, RankSearch, Converter, Cost, CostMetric, LinearKind, Search,
-    Selection, SketchSize, Threshold, SearchReport,
+    AnyLinear, AnyLinearConfig, CompressError, Converter, Cost, CostMetric, LinearKind, RankSearch,
+    Search, SearchReport, Selection, SketchSize, Threshold,
 };
 
 type B = Flex;

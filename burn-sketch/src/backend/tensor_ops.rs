@@ -6,22 +6,12 @@ use burn::tensor::backend::Backend;
 use super::{SketchGradients, SketchWeights, WantedGradients};
 
 /// The sketched linear layer as two products through the rank-`2Tk` intermediate:
-///
 /// `y = P·B / (2T) + bias`, with `P = [x·S1 | x·U2]` (`n × 2Tk`) and `B = [U1; S2]`
-/// (`2Tk × d_out`), where `x·S1 = [x·S1_1 | … | x·S1_T]` and `U1 = [U1_1; …; U1_T]`, likewise
-/// for the second half. Then `P·B = Σ_t (x·S1_t·U1_t + x·U2_t·S2_t)`.
+/// (`2Tk × d_out`), so that `P·B = Σ_t (x·S1_t·U1_t + x·U2_t·S2_t)`.
 ///
-/// Why this form: the cost stays at `2·n·2Tk·(d_in + d_out)` FLOPs, the `n × d_out` output is
-/// written once by a single product, and the only copies are of `P` (small) and of `B`, which
-/// is two contiguous blocks because `U1s`/`S2s` are `[T, k, d_out]`. The input-side factors
-/// `S1s`/`U2s` (`[T, d_in, k]`) are never copied: for `T > 1`, `x` meets them in a broadcast
-/// batched product and only its small `[T, n, k]` results are reordered. Interleaving them
-/// into one `[d_in, 2Tk]` factor instead would copy both weights on every call, and a
-/// concatenation along the rank axis is a strided copy that, through generic tensor ops,
-/// costs about as much as the products (NdArray's own path builds that factor directly on
-/// its arrays, where the copy is cheap).
-///
-/// The `1/(2T)` scale is applied to whichever of `P` and `B` is smaller.
+/// This form keeps the cost at `2·n·2Tk·(d_in + d_out)` FLOPs, writes the output once and
+/// never copies the input-side factors (the book's "Backends and kernels" says why that
+/// matters). The `1/(2T)` scale is applied to whichever of `P` and `B` is smaller.
 pub fn sketched_linear<B: Backend>(
     x: Tensor<B, 2>,
     weights: SketchWeights<B>,

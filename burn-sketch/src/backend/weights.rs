@@ -5,31 +5,15 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
-/// The four factor tensors of a sketched layer, in Panther's layouts.
+/// The four factor tensors of a sketched layer, in Panther's layouts: the trainable `s1s`
+/// (`[T, d_input, k]`) and `s2s` (`[T, k, d_output]`), and the fixed sign sketches `u1s`
+/// (`[T, k, d_output]`) and `u2s` (`[T, d_input, k]`).
 ///
-/// | field | shape | |
-/// |---|---|---|
-/// | `s1s` | `[T, d_input, k]` | trainable |
-/// | `s2s` | `[T, k, d_output]` | trainable |
-/// | `u1s` | `[T, k, d_output]` | fixed sign sketch |
-/// | `u2s` | `[T, d_input, k]` | fixed sign sketch |
-///
-/// # Packed order
-///
-/// Every implementation of the product (the tensor-op path, NdArray's own path and the CubeCL
-/// kernels) multiplies through the layer's two dense factors, and all of them order the rank
-/// axis of `2Tk` the same way, in blocks:
-///
-/// ```text
-/// A = [S1_1 … S1_T | U2_1 … U2_T]     [d_input, 2Tk]
-/// B = [U1_1; …; U1_T; S2_1; …; S2_T]  [2Tk, d_output]
-/// ```
-///
-/// so that `P = x·A = [P₁ | P₂]` has `x·S1` in its first `Tk` columns and `x·U2` in the last
-/// `Tk`, and `A·B = Σ_t (S1_t·U1_t + U2_t·S2_t)`. The blocks keep each half contiguous in `B`
-/// (the `[T, k, d_output]` tensors are already `[Tk, d_output]` matrices) and let the
-/// backward split `∂P` into `∂P₁` and `∂P₂` without a gather. [`factors`](Self::factors)
-/// builds exactly this `A` and `B`.
+/// Every implementation of the product multiplies through the two dense factors that
+/// [`factors`](Self::factors) builds, with the rank axis in blocks:
+/// `A = [S1_1 … S1_T | U2_1 … U2_T]` (`[d_input, 2Tk]`) and
+/// `B = [U1_1; …; U1_T; S2_1; …; S2_T]` (`[2Tk, d_output]`); the book's "Backends and kernels"
+/// says why this order.
 #[derive(Debug, Clone)]
 pub struct SketchWeights<B: Backend> {
     /// Trainable left factors, `[T, d_input, k]`.

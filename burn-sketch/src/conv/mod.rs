@@ -32,19 +32,12 @@ use crate::linear::sign_sketch;
 /// Configuration of an [`SkConv2d`].
 ///
 /// ```
-/// use burn::backend::Flex;
-/// use burn::nn::PaddingConfig2d;
-/// use burn::tensor::{Distribution, Tensor};
-/// use burn_sketch::SkConv2dConfig;
-///
+/// use burn::{backend::Flex, nn::PaddingConfig2d, tensor::{Distribution, Tensor}};
 /// let device = Default::default();
-/// let conv = SkConv2dConfig::new([32, 64], [3, 3], 1, 4)
-///     .with_padding(PaddingConfig2d::Same)
-///     .init::<Flex>(&device);
+/// let conv = burn_sketch::SkConv2dConfig::new([32, 64], [3, 3], 1, 4)
+///     .with_padding(PaddingConfig2d::Same).init::<Flex>(&device);
 /// let x = Tensor::<Flex, 4>::random([2, 32, 16, 16], Distribution::Default, &device);
 /// assert_eq!(conv.forward(x).dims(), [2, 64, 16, 16]);
-/// // 4·(32·9) + 4·9·64 trained weights per term and group, instead of 32·9·64.
-/// assert_eq!(conv.num_trainable(), 4 * 32 * 9 + 4 * 9 * 64 + 64);
 /// ```
 #[derive(Config, Debug)]
 pub struct SkConv2dConfig {

@@ -7,15 +7,12 @@ use super::SkLinear;
 use crate::SketchError;
 use crate::backend::KernelStrategy;
 
-/// Configuration to create a [`SkLinear`] layer with [`init`](SkLinearConfig::init).
-///
-/// The layer replaces a dense `d_input × d_output` weight by `num_terms` pairs of rank
-/// `low_rank` factors; see the crate documentation for the formula.
+/// Configuration to create a [`SkLinear`] layer with [`init`](SkLinearConfig::init): it
+/// replaces a dense `d_input × d_output` weight by `num_terms` pairs of rank-`low_rank` factors.
 ///
 /// ```
 /// use burn::backend::NdArray;
 /// use burn_sketch::SkLinearConfig;
-///
 /// let layer = SkLinearConfig::new(784, 256, 1, 32).init::<NdArray>(&Default::default());
 /// assert_eq!(layer.param_counts().trainable, 32 * (784 + 256) + 256);
 /// ```

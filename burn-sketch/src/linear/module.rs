@@ -10,18 +10,16 @@ use crate::FixedSketch;
 use crate::SketchError;
 use crate::backend::{Activation, KernelStrategy, SketchBackend, SketchWeights};
 
-/// A linear layer whose weight is a sum of low-rank sketched terms (Panther's `SKLinear`).
-///
-/// `y = 1/(2T) · Σ_t (x·S1_t·U1_t + x·U2_t·S2_t) + bias`
+/// A linear layer whose weight is a sum of low-rank sketched terms (Panther's `SKLinear`):
+/// `y = 1/(2T) · Σ_t (x·S1_t·U1_t + x·U2_t·S2_t) + bias`.
 ///
 /// `S1s` and `S2s` are trained; the random sign sketches `U1s` and `U2s` are fixed at
 /// initialisation. With `T = num_terms` and `k = low_rank`, the layer has
 /// `T·k·(d_input + d_output)` trainable weights instead of `d_input·d_output`, and costs
 /// `2·n·2Tk·(d_input + d_output)` FLOPs for `n` rows instead of `2·n·d_input·d_output`.
-///
 /// Create it with [`SkLinearConfig`], or from a trained dense layer with
-/// [`SkLinear::from_linear`]. The tensors keep Panther's names and layouts, so
-/// [`crate::panther`] moves checkpoints between the two libraries.
+/// [`SkLinear::from_linear`]; its tensors keep Panther's names and layouts, which lets
+/// [`crate::panther`] move checkpoints between the two libraries.
 #[derive(Module, Debug)]
 #[module(custom_display)]
 pub struct SkLinear<B: Backend> {
@@ -80,22 +78,16 @@ impl<B: Backend> SkLinear<B> {
         Self::try_from_linear_with(linear, num_terms, low_rank, SketchInit::Unbiased)
     }
 
-    /// [`try_from_linear`](Self::try_from_linear), with the trained factors set as `init`
-    /// says: Panther's unbiased estimate, or the least-squares fit to the dense weight for the
-    /// sketches drawn ([`SketchInit::Fitted`]), which starts closer to the dense layer.
+    /// [`try_from_linear`](Self::try_from_linear), the factors set by `init`: Panther's unbiased
+    /// estimate, or [`SketchInit::Fitted`], a least-squares fit that starts closer to `linear`.
     ///
     /// ```
-    /// use burn::backend::Flex;
-    /// use burn::nn::LinearConfig;
-    /// use burn_sketch::{SkLinear, SketchInit};
-    ///
+    /// use burn::{backend::Flex, nn::LinearConfig};
+    /// use burn_sketch::{SkLinear, SketchInit::{Fitted, Unbiased}};
     /// let dense = LinearConfig::new(128, 64).init::<Flex>(&Default::default());
-    /// let error = |init| {
-    ///     let sketched = SkLinear::try_from_linear_with(&dense, 1, 8, init).unwrap();
-    ///     let gap = sketched.to_dense_weight() - dense.weight.val();
-    ///     gap.powi_scalar(2).sum().into_scalar()
-    /// };
-    /// assert!(error(SketchInit::Fitted) < error(SketchInit::Unbiased));
+    /// let error = |init| (SkLinear::try_from_linear_with(&dense, 1, 8, init).unwrap()
+    ///     .to_dense_weight() - dense.weight.val()).powi_scalar(2).sum().into_scalar();
+    /// assert!(error(Fitted) < error(Unbiased));
     /// ```
     pub fn try_from_linear_with(
         linear: &Linear<B>,
@@ -212,16 +204,12 @@ impl<B: Backend> SkLinear<B> {
 }
 
 impl<B: SketchBackend> SkLinear<B> {
-    /// Applies the layer to the input's last dimension.
-    ///
-    /// Leading dimensions are flattened into rows, as `nn::Linear` does, and restored after.
+    /// Applies the layer to the input's last dimension: leading dimensions are flattened into
+    /// rows, as `nn::Linear` does, and restored after (no rows give an empty output).
     ///
     /// # Shapes
     /// - input: `[..., d_input]`
     /// - output: `[..., d_output]`
-    ///
-    /// An input with no rows (a zero leading dimension) gives an empty output of the same
-    /// leading shape.
     ///
     /// # Panics
     /// If the input's last dimension is not `d_input`.
@@ -229,27 +217,16 @@ impl<B: SketchBackend> SkLinear<B> {
         self.forward_activated(input, Activation::Identity)
     }
 
-    /// [`forward`](Self::forward) followed by `activation`, applied in the product's output
-    /// pass where the backend has one (Flex, the CubeCL kernels): `relu(layer.forward(x))`
-    /// without the second pass over the output.
-    ///
-    /// # Shapes
-    /// As [`forward`](Self::forward).
-    ///
-    /// # Panics
-    /// As [`forward`](Self::forward).
+    /// [`forward`](Self::forward) then `activation`, in the product's output pass where the
+    /// backend has one (Flex, CubeCL), saving a pass over the output; same shapes and panics.
     ///
     /// ```
-    /// use burn::backend::Flex;
-    /// use burn::tensor::Tensor;
+    /// use burn::{backend::Flex, tensor::{Tensor, activation::relu}};
     /// use burn_sketch::{Activation, SkLinearConfig};
-    ///
-    /// let device = Default::default();
-    /// let layer = SkLinearConfig::new(64, 32, 1, 8).init::<Flex>(&device);
-    /// let x = Tensor::<Flex, 2>::ones([4, 64], &device);
-    /// let fused = layer.forward_activated(x.clone(), Activation::Relu);
-    /// let unfused = burn::tensor::activation::relu(layer.forward(x));
-    /// fused.into_data().assert_approx_eq::<f32>(&unfused.into_data(), Default::default());
+    /// let layer = SkLinearConfig::new(64, 32, 1, 8).init::<Flex>(&Default::default());
+    /// let x = Tensor::<Flex, 2>::ones([4, 64], &Default::default());
+    /// let fused = layer.forward_activated(x.clone(), Activation::Relu).into_data();
+    /// fused.assert_approx_eq::<f32>(&relu(layer.forward(x)).into_data(), Default::default());
     /// ```
     pub fn forward_activated<const D: usize>(
         &self,

@@ -36,17 +36,11 @@ const BIAS: &str = "bias";
 /// file: a safetensors file, or a PyTorch `torch.save` file of the state dict (`.pt`/`.pth`,
 /// zip or pre-1.6 format, recognised by its content, read without PyTorch).
 ///
-/// Nothing is trusted before it is checked, and a bad file is an error, never a layer with
-/// wrong values:
-/// - every shape is checked against the others before any tensor is built: all four factors
-///   must agree on `T` and `k`, `S1s`/`U2s` on `d_input`, `S2s`/`U1s`/`bias` on `d_output`;
-/// - every tensor of a PyTorch file is checked against its storage (offset, shape and strides
-///   inside the storage, the storage's bytes all present) before its values are allocated
-///   ([`SketchError::Corrupt`]); strides are honoured, so views load as PyTorch shows them;
-/// - `f32`, `f64`, `f16` and `bf16` tensors are converted to `f32`, and an `f64` value beyond
-///   `f32`'s range is [`SketchError::OutOfRange`] rather than an infinity.
-///
-/// The sketches `U1s`/`U2s` are loaded as fixed (untrained) state.
+/// A checkpoint is outside input, so nothing in it is trusted before it is checked: a bad file
+/// is a typed error ([`SketchError::ShapeMismatch`], [`SketchError::Corrupt`],
+/// [`SketchError::OutOfRange`], ...), never a layer with wrong values. The book's "Panther
+/// checkpoints" lists the checks. `f32`, `f64`, `f16` and `bf16` tensors are converted to
+/// `f32`; strides are honoured; the sketches `U1s`/`U2s` load as fixed (untrained) state.
 pub fn load_sklinear<B: Backend>(
     path: &Path,
     prefix: &str,

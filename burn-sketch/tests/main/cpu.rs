@@ -8,26 +8,12 @@ use burn_cpu_kernels::{MatRef, bf16, features, int8};
 use burn_sketch::backend::{KernelStrategy, SketchWeights};
 use burn_sketch::{Activation, ActivationExt, SkLinearConfig, SketchBackend};
 
+use crate::close::relative_gap;
 use crate::common;
 
 type B = Flex;
 /// Flex has one path and ignores the strategy.
 const STRATEGY: KernelStrategy = KernelStrategy::Autotune;
-
-fn values<const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data().convert::<f32>().to_vec::<f32>().unwrap()
-}
-
-/// The largest `|a − b|` over the largest `|b|`.
-fn relative_gap<const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32 {
-    let (a, b) = (values(a), values(b));
-    let scale = b.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-        / scale
-}
 
 /// The CPU paths' fused activations against Burn's own after the layer: Flex's sketched
 /// product in `f32` and `bf16` on a shape of several output tiles per thread (rows past one

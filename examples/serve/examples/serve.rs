@@ -38,7 +38,7 @@ use burn_serve::protocol::{JsonTensor, binary_body};
 use burn_serve::{
     BatcherConfig, BurnModel, HostData, HostTensor, Servable, ServeError, Server, ServerConfig,
 };
-use burn_sketch::cpu::HalfFlex;
+use burn_fast_cpu::HalfFlex;
 use burn_store::{ModuleSnapshot, SafetensorsStore};
 use clap::Parser;
 use examples::data::{DigitDataset, MEAN, STD};
@@ -76,7 +76,7 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     epochs: usize,
     /// The classifier's precision: `f32`; `bf16` (weights and activations, on `HalfFlex`'s
-    /// AVX512-BF16 products); `int8` (weights, burn-sketch's `Int8Linear`).
+    /// AVX512-BF16 products); `int8` (weights, burn-compress's `Int8Linear`).
     #[arg(long, value_enum, default_value = "f32")]
     precision: Served,
     /// Also serve the character language model as `charlm`.

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn_sketch::nn::Converter;
+use burn_compress::Converter;
 use plotters::prelude::*;
 use serde::Serialize;
 

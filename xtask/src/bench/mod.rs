@@ -62,7 +62,7 @@ pub enum Dtype {
     F16,
     /// bfloat16.
     Bf16,
-    /// int8 dynamic quantization (`burn_sketch::nn::Int8Linear`, inference only; Flex):
+    /// int8 dynamic quantization (`burn_compress::Int8Linear`, inference only; Flex):
     /// int8 weights, activations quantized per row at run time, f32 outputs.
     Int8,
 }
@@ -249,7 +249,7 @@ macro_rules! with_backend {
             // Half precision on the CPU takes `HalfFlex` (Flex computes `bf16`/`f16` one value
             // at a time, and multiplies `bf16` through `f32` copies).
             (BackendKind::Flex, _) => {
-                type $b = burn_sketch::cpu::HalfFlex;
+                type $b = burn_fast_cpu::HalfFlex;
                 $body
             }
             (BackendKind::Ndarray, Dtype::F32) => {

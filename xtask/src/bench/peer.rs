@@ -10,9 +10,9 @@ use burn::backend::Flex;
 use burn::nn::LinearConfig;
 use burn::tensor::{Distribution, Tensor, bf16};
 use burn_sketch::SkLinearConfig;
-use burn_sketch::cpu::peak::{self, Precision};
-use burn_sketch::cpu::{MatRef, features};
-use burn_sketch::nn::Int8Linear;
+use burn_cpu_kernels::peak::{self, Arithmetic};
+use burn_cpu_kernels::{MatRef, features};
+use burn_compress::Int8Linear;
 use serde::{Deserialize, Serialize};
 
 use super::Dtype;
@@ -42,9 +42,9 @@ impl Peaks {
         let threads = rayon::current_num_threads();
         Self {
             threads,
-            f32: peak::measure(Precision::F32, threads),
-            bf16: peak::measure(Precision::Bf16, threads),
-            int8: peak::measure(Precision::Int8, threads),
+            f32: peak::measure(Arithmetic::F32, threads),
+            bf16: peak::measure(Arithmetic::Bf16, threads),
+            int8: peak::measure(Arithmetic::Int8, threads),
             amx: features().amx,
         }
     }
@@ -209,7 +209,7 @@ pub fn measure_int8(point: Point, warmup: usize, runs: usize) -> Int8Row {
     }
 }
 
-/// Our dense `bf16` product `x·W` on [`burn_sketch::cpu::bf16`]'s kernel (what `nn::Linear`
+/// Our dense `bf16` product `x·W` on [`burn_cpu_kernels::bf16`]'s kernel (what `nn::Linear`
 /// would take if Flex multiplied `bf16` with it), timed like the rest.
 pub fn dense_bf16_kernel(point: Point, warmup: usize, runs: usize) -> Timing {
     let fill = |len: usize, seed: usize| -> Vec<bf16> {
@@ -230,7 +230,7 @@ pub fn dense_bf16_kernel(point: Point, warmup: usize, runs: usize) -> Timing {
         runs,
         [op(|| {
             let mut y = vec![bf16::ZERO; point.batch * point.d_output];
-            burn_sketch::cpu::bf16::matmul(&mut y, point.d_output, lhs, rhs, 1.0, false, true);
+            burn_cpu_kernels::bf16::matmul(&mut y, point.d_output, lhs, rhs, 1.0, false, true);
             y
         })],
         || {},

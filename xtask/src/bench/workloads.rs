@@ -9,7 +9,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Tensor};
 use burn_sketch::backend::KernelStrategy;
 use burn_sketch::backend::tensor_ops;
-use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend};
+use burn_sketch::{Activation, ActivationExt, SkLinear, SkLinearConfig, SketchBackend};
 
 use super::Dtype;
 use super::grid::Point;
