@@ -42,7 +42,6 @@ pub fn assert_close_within(actual: TensorData, expected: TensorData, tolerance: 
     }
 }
 
-
 /// A tensor's values as `f32`, row-major.
 pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.into_data().convert::<f32>().to_vec::<f32>().unwrap()

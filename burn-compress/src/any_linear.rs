@@ -13,9 +13,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::{Deserialize, Serialize};
 
 use super::{Int8Linear, LowRankLinear, LowRankLinearConfig};
-use burn_sketch::{
-    Activation, ActivationExt, SkLinear, SkLinearConfig, SketchBackend, SketchInit,
-};
+use burn_sketch::{Activation, ActivationExt, SkLinear, SkLinearConfig, SketchBackend, SketchInit};
 
 use crate::CompressError;
 
@@ -253,7 +251,11 @@ impl<B: Backend> AnyLinear<B> {
 
     /// [`try_convert`](Self::try_convert), a dense layer sketched with `init`
     /// ([`SkLinear::try_from_linear_with`]).
-    pub fn try_convert_with(self, kind: LinearKind, init: SketchInit) -> Result<Self, CompressError> {
+    pub fn try_convert_with(
+        self,
+        kind: LinearKind,
+        init: SketchInit,
+    ) -> Result<Self, CompressError> {
         if self.kind() == kind {
             return Ok(self);
         }

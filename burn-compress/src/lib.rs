@@ -67,3 +67,8 @@ pub use rank_search::{
     Cost, CostMetric, Evaluation, GroupResult, LayerGroup, Measure, RankSearch, Search,
     SearchOutcome, SearchReport, SketchSize, Threshold, Trial,
 };
+
+/// The crate README's example, compiled and run as a doctest so that it stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

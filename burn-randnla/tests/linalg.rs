@@ -10,8 +10,8 @@ use burn::backend::{Flex, NdArray, Wgpu};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use burn_randnla::LinalgError;
-use burn_randnla::{self as linalg, CqrrptConfig, RandomizedSvdConfig};
 use burn_randnla::sketch::{SketchConfig, SketchKind};
+use burn_randnla::{self as linalg, CqrrptConfig, RandomizedSvdConfig};
 use faer::Mat;
 
 const KINDS: [SketchKind; 7] = [

@@ -28,10 +28,10 @@ use burn_cubecl::CubeRuntime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
+use crate::KernelError;
 use crate::activation::{Activation, activate};
 use crate::gemm::TILE;
 use crate::layout::{Layout, offset};
-use crate::KernelError;
 use crate::weights::CubeWeights;
 
 /// The widest rank `2Tk` the fused kernel takes: `16 × 256` `f32` of `P` (16 KiB) plus two

@@ -92,7 +92,7 @@ impl HostLayer<'_> {
     }
 
     /// `y = f(α·Σ_t (x·S1_t·U1_t + x·U2_t·S2_t) + bias)` for `x` of shape `[rows, d_in]`, with
-    /// `f` the [`Activation`]'s [reference](Activation::reference).
+    /// `f` the [`Activation`] in `f64` ([`apply_f64`](Activation::apply_f64)).
     pub fn forward(
         &self,
         x: &[f32],

@@ -33,13 +33,13 @@ use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 
 use crate::fused::{MAX_FUSED_RANK, fused_forward};
-use crate::tune::{ForwardPath, choose_forward_path};
-use crate::weights::{CubeWeights, Operands};
 use crate::gemm::{
     Concat, GROUP, GemmProblem, Product, TILE, Tail, gemm_concat, launch_group, reduce_splits,
     workspace,
 };
 use crate::layout::Layout;
+use crate::tune::{ForwardPath, choose_forward_path};
+use crate::weights::{CubeWeights, Operands};
 use crate::{Activation, KernelError};
 
 /// A sketched layer's sizes, read off its weights.

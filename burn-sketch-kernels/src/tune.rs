@@ -6,7 +6,7 @@ use burn_cubecl::CubeRuntime;
 use crate::fused::MAX_FUSED_RANK;
 use crate::gemm::{TILE, split_count};
 
-/// Which forward kernels [`forward`] uses for a shape on a device.
+/// Which forward kernels [`forward`](crate::forward) uses for a shape on a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ForwardPath {
     /// One launch, `P` in shared memory; `column_groups` cubes share each row tile.
@@ -58,4 +58,3 @@ pub fn choose_forward_path<R: CubeRuntime>(
         ForwardPath::Fused { column_groups }
     }
 }
-

@@ -6,8 +6,8 @@ use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_cubecl::tensor::CubeTensor;
 use burn_sketch_kernels::reference::HostLayer;
 use burn_sketch_kernels::{
-    Activation, ForwardPath, KernelError, CubeWeights, Operands, backward,
-    choose_forward_path, forward, forward_with,
+    Activation, CubeWeights, ForwardPath, KernelError, Operands, backward, choose_forward_path,
+    forward, forward_with,
 };
 
 #[cfg(feature = "cuda")]
@@ -302,13 +302,7 @@ fn backward_matches_reference() {
         let expected = case.host(&data).backward(&data.x, case.rows, &data.grad);
         let x = upload(&data.x, &[case.rows, case.d_in], DType::F32);
         let grad = upload(&data.grad, &[case.rows, case.d_out], DType::F32);
-        let grads = backward(
-            x,
-            &case.factors(&data, DType::F32),
-            grad,
-            Operands::ALL,
-        )
-        .unwrap();
+        let grads = backward(x, &case.factors(&data, DType::F32), grad, Operands::ALL).unwrap();
         let name = case.name();
         for (actual, expected, what) in [
             (grads.x, &expected.x, "∂x"),

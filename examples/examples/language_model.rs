@@ -46,13 +46,13 @@ use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::ElementConversion as _;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn_compress::{AttentionKind, Converter, FeatureMap, LinearKind, Selection};
 use burn_memory::offload::{OffloadConfig, OffloadManager};
 use burn_memory::{
     CountingAllocator, DeviceMemory, DeviceTransfer, MemoryTracker, MixedPrecisionConfig,
     Precision, Segments,
 };
 use burn_profiler::Profiled;
-use burn_compress::{AttentionKind, Converter, FeatureMap, LinearKind, Selection};
 use burn_sketch::{SketchBackend, SketchInit};
 use clap::Parser;
 use examples::backend::{BackendKind, HalfCompute};

@@ -17,12 +17,12 @@ use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use burn_memory::{Layers, MemoryError, SegmentSeeds, Segments, segmented_backward};
-use burn_profiler::scope;
-use burn_sketch::SketchBackend;
 use burn_compress::{
     AnyLinear, AnyLinearConfig, AttentionKind, LinearKind, TransformerBlock, TransformerBlockConfig,
 };
+use burn_memory::{Layers, MemoryError, SegmentSeeds, Segments, segmented_backward};
+use burn_profiler::scope;
+use burn_sketch::SketchBackend;
 use rand_xoshiro::SplitMix64;
 use rand_xoshiro::rand_core::{Rng, SeedableRng};
 

@@ -9,10 +9,10 @@ use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, Int, Tensor};
 use burn::train::{ClassificationOutput, InferenceStep, TrainOutput, TrainStep};
-use burn_memory::{Layers, MixedPrecision, Segments, SharedMixedPrecision, segmented_backward};
-use burn_profiler::{StepProfiler, scope};
 use burn_compress::Int8Linear;
 use burn_compress::prune::{MaskedLinear, PruneConfig, SparsityReport, shrink_pair};
+use burn_memory::{Layers, MixedPrecision, Segments, SharedMixedPrecision, segmented_backward};
+use burn_profiler::{StepProfiler, scope};
 use burn_sketch::{Activation, SkLinear, SkLinearConfig, SketchBackend};
 
 use crate::data::DigitBatch;
@@ -275,19 +275,20 @@ impl<B: Backend> Mlp<B> {
     /// `config`, which removes no whole unit; `InvalidShape` when a layer would keep no unit.
     ///
     /// [`CompressError::Unsupported`]: burn_compress::CompressError::Unsupported
-    pub fn shrink_hidden(&self, config: &PruneConfig) -> Result<Self, burn_compress::CompressError> {
+    pub fn shrink_hidden(
+        &self,
+        config: &PruneConfig,
+    ) -> Result<Self, burn_compress::CompressError> {
         self.dense_only()?;
         let mut hidden = self.dense.clone();
         let mut output = self.output.clone();
         for i in 0..hidden.len() {
             let masked = config.prune(hidden[i].clone())?;
-            let keep =
-                masked
-                    .kept_outputs()?
-                    .ok_or_else(|| burn_compress::CompressError::Unsupported {
-                        what: "shrinking after unstructured pruning (it removes no whole unit)"
-                            .into(),
-                    })?;
+            let keep = masked.kept_outputs()?.ok_or_else(|| {
+                burn_compress::CompressError::Unsupported {
+                    what: "shrinking after unstructured pruning (it removes no whole unit)".into(),
+                }
+            })?;
             let next = hidden.get(i + 1).unwrap_or(&output);
             let (first, second) = shrink_pair(&masked.make_permanent(), next, &keep)?;
             hidden[i] = first;

@@ -101,8 +101,8 @@ mod net {
     use burn::tensor::Tensor;
     use burn::tensor::activation::relu;
     use burn::tensor::backend::Backend;
-    use burn_sketch::SketchBackend;
     use burn_compress::{AnyLinear, AnyLinearConfig, LinearKind};
+    use burn_sketch::SketchBackend;
 
     /// A model the int8 conversion was not written for: BatchNorm (whose training forward
     /// differs from its inference one), Dropout, and a layer left in f32.
@@ -273,20 +273,23 @@ fn int8_fused_activations_match_burns_own() {
 /// process): the `int8` layer on the portable product stays within its tolerance.
 #[test]
 fn the_portable_int8_layer_follows_its_f32_layer() {
-    crate::own_process::in_own_process("int8::the_portable_int8_layer_follows_its_f32_layer", || {
-        // SAFETY: this child process runs this test alone, before any thread reads the
-        // environment.
-        unsafe { std::env::set_var("BURN_SKETCH_PORTABLE", "1") };
-        assert!(burn_cpu_kernels::features().forced_portable);
-        let (m, k, n) = (19, 37, 23);
-        let xs: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
-        let device = Default::default();
-        let dense = LinearConfig::new(k, n).init::<B>(&device);
-        let x = Tensor::<B, 2>::from_data(TensorData::new(xs, [m, k]), &device);
-        let gap = relative_gap(
-            Int8Linear::from_linear(&dense).forward(x.clone()),
-            dense.forward(x),
-        );
-        assert!(gap < 0.02, "{gap}");
-    });
+    crate::own_process::in_own_process(
+        "int8::the_portable_int8_layer_follows_its_f32_layer",
+        || {
+            // SAFETY: this child process runs this test alone, before any thread reads the
+            // environment.
+            unsafe { std::env::set_var("BURN_SKETCH_PORTABLE", "1") };
+            assert!(burn_cpu_kernels::features().forced_portable);
+            let (m, k, n) = (19, 37, 23);
+            let xs: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
+            let device = Default::default();
+            let dense = LinearConfig::new(k, n).init::<B>(&device);
+            let x = Tensor::<B, 2>::from_data(TensorData::new(xs, [m, k]), &device);
+            let gap = relative_gap(
+                Int8Linear::from_linear(&dense).forward(x.clone()),
+                dense.forward(x),
+            );
+            assert!(gap < 0.02, "{gap}");
+        },
+    );
 }

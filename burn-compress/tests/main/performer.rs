@@ -14,12 +14,12 @@ use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Distribution, ElementConversion, Tensor, TensorData};
+use burn_compress::CompressError;
 use burn_compress::{
     AnyMultiHeadAttention, AnyMultiHeadAttentionConfig, FeatureMap, LinearKind, LinearLayer,
     PerformerAttention, PerformerAttentionConfig,
 };
 use burn_compress::{load_performer, load_performer_from_bytes};
-use burn_compress::CompressError;
 use burn_sketch::{SketchBackend, SketchError};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -881,9 +881,15 @@ fn bad_panther_checkpoints_are_typed_errors() {
 
     let err =
         load_performer_from_bytes::<B>(b"not a checkpoint", "attn.", &config, &device).unwrap_err();
-    assert!(matches!(err, CompressError::Sketch(SketchError::Format { .. })), "{err}");
+    assert!(
+        matches!(err, CompressError::Sketch(SketchError::Format { .. })),
+        "{err}"
+    );
     let err = load_performer::<B>(&fixture("absent.pt"), "attn.", &config, &device).unwrap_err();
-    assert!(matches!(err, CompressError::Sketch(SketchError::Io { .. })), "{err}");
+    assert!(
+        matches!(err, CompressError::Sketch(SketchError::Io { .. })),
+        "{err}"
+    );
     missing(
         load_performer::<B>(&fixture("performer.pt"), "encoder.", &config, &device).unwrap_err(),
         "encoder.Wq",

@@ -11,10 +11,10 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::activation::relu;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Distribution, Tensor};
+use burn_compress::CompressError;
 use burn_compress::prune::{
     MaskedLinear, Norm, PruneConfig, PruneMethod, Shrink, Sparsity, SparsityReport, shrink_pair,
 };
-use burn_compress::CompressError;
 use burn_sketch::{SkLinearConfig, SketchBackend};
 
 fn values<B: Backend, const D: usize>(tensor: Tensor<B, D>) -> Vec<f32> {

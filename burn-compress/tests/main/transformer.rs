@@ -9,14 +9,15 @@ use burn::nn::attention::{MhaInput, MultiHeadAttentionConfig as BurnMhaConfig};
 use burn::record::{BinFileRecorder, FullPrecisionSettings};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Distribution, ElementConversion, Tensor, TensorData};
+use burn_compress::CompressError;
 use burn_compress::{
     AnyLinear, AnyLinearConfig, AnyMultiHeadAttention, AnyMultiHeadAttentionConfig, BlockAttention,
     Converter, LinearKind, LinearLayer, Mlp, MlpConfig, Selection, TransformerBlock,
     TransformerBlockConfig,
 };
-use burn_compress::CompressError;
 use burn_memory::draw_params;
-use burn_sketch::{SkLinear, SketchBackend};
+use burn_randnla::LinalgError;
+use burn_sketch::{SkLinear, SketchBackend, SketchError};
 
 use crate::close::{assert_close, assert_close_within, serial};
 
@@ -240,10 +241,10 @@ fn invalid_heads_are_typed_errors() {
     assert!(
         matches!(
             err,
-            CompressError::InvalidConfig {
+            CompressError::Sketch(SketchError::InvalidConfig {
                 name: "low_rank",
                 ..
-            }
+            })
         ),
         "{err}"
     );
@@ -444,10 +445,10 @@ fn bad_conversions_are_typed_errors() {
     assert!(
         matches!(
             err,
-            CompressError::InvalidConfig {
+            CompressError::Sketch(SketchError::InvalidConfig {
                 name: "low_rank",
                 ..
-            }
+            })
         ),
         "{err}"
     );
@@ -456,7 +457,10 @@ fn bad_conversions_are_typed_errors() {
         .apply(model::<F>(&device))
         .unwrap_err();
     assert!(
-        matches!(err, CompressError::InvalidConfig { name: "rank", .. }),
+        matches!(
+            err,
+            CompressError::Linalg(LinalgError::InvalidConfig { name: "rank", .. })
+        ),
         "{err}"
     );
 }

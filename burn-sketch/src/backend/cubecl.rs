@@ -13,9 +13,8 @@ use burn_sketch_kernels as kernels;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    ActivationExt,
-    Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
-    float, tensor_ops,
+    Activation, ActivationExt, KernelStrategy, SketchBackend, SketchGradients, SketchWeights,
+    WantedGradients, float, tensor_ops,
 };
 
 type Cube<R, F, I, BT> = CubeBackend<R, F, I, BT>;
@@ -86,8 +85,7 @@ where
             .with(Tunable::new(
                 "sketch_kernels",
                 |(x, weights, bias, activation): ForwardInputs<R>| {
-                    kernels::forward(x, &weights, bias, activation)
-                        .map_err(|err| err.to_string())
+                    kernels::forward(x, &weights, bias, activation).map_err(|err| err.to_string())
                 },
             ))
             .with(Tunable::new(
@@ -161,9 +159,7 @@ fn cube_array<R: CubeRuntime>(weights: kernels::CubeWeights<R>) -> [CubeTensor<R
     [weights.s1s, weights.s2s, weights.u1s, weights.u2s]
 }
 
-fn kernel_weights<R, F, I, BT>(
-    weights: SketchWeights<Cube<R, F, I, BT>>,
-) -> kernels::CubeWeights<R>
+fn kernel_weights<R, F, I, BT>(weights: SketchWeights<Cube<R, F, I, BT>>) -> kernels::CubeWeights<R>
 where
     R: CubeRuntime,
     F: FloatElement,

@@ -28,9 +28,8 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::{
-    ActivationExt,
-    Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
-    burn_activation_backward, float, tensor_ops,
+    Activation, ActivationExt, KernelStrategy, SketchBackend, SketchGradients, SketchWeights,
+    WantedGradients, burn_activation_backward, float, tensor_ops,
 };
 use burn_cpu_kernels::{MatRef, gemm};
 

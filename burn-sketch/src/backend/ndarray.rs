@@ -26,9 +26,8 @@ use burn::tensor::backend::Backend;
 use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
 
 use super::{
-    ActivationExt,
-    Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
-    float, tensor_ops,
+    Activation, ActivationExt, KernelStrategy, SketchBackend, SketchGradients, SketchWeights,
+    WantedGradients, float, tensor_ops,
 };
 
 impl<E, I, Q> SketchBackend for NdArray<E, I, Q>

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{SkLinear, SkLinearConfig};
 use crate::backend::KernelStrategy;
-use burn_randnla::host::{pseudo_inverse, to_device, to_host};
 use crate::{FixedSketch, SketchError};
+use burn_randnla::host::{pseudo_inverse, to_device, to_host};
 
 /// How a sketched layer converted from a dense one sets its trained factors, given the fixed
 /// sketches it drew.

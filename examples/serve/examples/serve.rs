@@ -31,6 +31,7 @@ use burn::backend::Flex;
 use burn::data::dataset::Dataset;
 use burn::module::Module;
 use burn::tensor::{DType, Tensor, TensorData};
+use burn_fast_cpu::HalfFlex;
 use burn_memory::offload::{OffloadConfig, OffloadManager, OffloadSelection, OffloadedModel};
 use burn_memory::training::mixed_precision::CastParams;
 use burn_memory::{CountingAllocator, DeviceMemory};
@@ -38,7 +39,6 @@ use burn_serve::protocol::{JsonTensor, binary_body};
 use burn_serve::{
     BatcherConfig, BurnModel, HostData, HostTensor, Servable, ServeError, Server, ServerConfig,
 };
-use burn_fast_cpu::HalfFlex;
 use burn_store::{ModuleSnapshot, SafetensorsStore};
 use clap::Parser;
 use examples::data::{DigitDataset, MEAN, STD};

@@ -9,10 +9,10 @@ use std::process::Command;
 use burn::backend::Flex;
 use burn::nn::LinearConfig;
 use burn::tensor::{Distribution, Tensor, bf16};
-use burn_sketch::SkLinearConfig;
+use burn_compress::Int8Linear;
 use burn_cpu_kernels::peak::{self, Arithmetic};
 use burn_cpu_kernels::{MatRef, features};
-use burn_compress::Int8Linear;
+use burn_sketch::SkLinearConfig;
 use serde::{Deserialize, Serialize};
 
 use super::Dtype;

@@ -7,10 +7,10 @@ use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::ElementConversion;
 use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn_compress::{AttentionKind, FeatureMap, LinearKind};
 use burn_memory::Segments;
 use burn_profiler::{Profiled, Profiler, ProfilerConfig, StepProfiler};
 use burn_sketch::SketchBackend;
-use burn_compress::{AttentionKind, FeatureMap, LinearKind};
 use examples::lm::profile::{ProfiledTraining, train_profiled};
 use examples::lm::{Corpus, Positions, TransformerLmConfig, batch, max_rel_diff};
 

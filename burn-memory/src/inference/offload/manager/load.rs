@@ -8,20 +8,10 @@ use std::thread::ThreadId;
 use burn::tensor::backend::Backend;
 
 use super::super::host::HostTensor;
-use super::prefetch::{Loaded, Staged};
-use super::state::{Source, State};
+use super::state::{Loaded, Pass, Source, Staged, State};
 use super::{DeviceParams, Inner};
 use crate::sync::lock;
 use crate::{DeviceMemory, MemoryError};
-
-/// One call of the wrapped model on one thread.
-pub(super) struct Pass<B: Backend> {
-    pub(super) depth: usize,
-    pub(super) position: usize,
-    /// The module this pass loaded last: its other parameters come from here.
-    pub(super) current: Option<(usize, DeviceParams<B>)>,
-    pub(super) error: Option<MemoryError>,
-}
 
 impl<B: DeviceMemory> Inner<B> {
     /// The parameters of `module` on the device, for a lazy parameter's initialiser.

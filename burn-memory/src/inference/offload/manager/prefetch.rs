@@ -7,25 +7,10 @@ use std::thread::ThreadId;
 
 use burn::tensor::backend::Backend;
 
-use super::super::host::HostTensor;
-use super::state::{Source, State};
-use super::{DeviceParams, Inner};
+use super::Inner;
+use super::state::{Loaded, Source, Staged, State};
 use crate::sync::lock;
-use crate::{DeviceMemory, MemoryError, MemorySource};
-
-/// A module the prefetcher was asked for: being read, or read.
-pub(super) enum Staged<B: Backend> {
-    Pending,
-    Ready(Result<Loaded<B>, MemoryError>),
-}
-
-/// A module read ahead: on CPU backends already a tensor (the prefetcher's thread made it), on
-/// device backends the bytes to upload (uploads stay on the thread whose stream runs the
-/// model).
-pub(super) enum Loaded<B: Backend> {
-    Host(Vec<HostTensor>),
-    Device(DeviceParams<B>),
-}
+use crate::{DeviceMemory, MemorySource};
 
 impl<B: DeviceMemory> Inner<B> {
     /// Starts the prefetcher's thread, which reads the modules `request_prefetch` asks for.

@@ -10,8 +10,6 @@ use burn::tensor::backend::Backend;
 use super::super::cache::DiskFile;
 use super::super::host::HostTensor;
 use super::super::summary::OffloadCounters;
-use super::load::Pass;
-use super::prefetch::{Loaded, Staged};
 use super::{DeviceParams, ParamMeta};
 use crate::MemoryError;
 
@@ -118,4 +116,27 @@ impl<B: Backend> State<B> {
         modules.truncate(count);
         modules
     }
+}
+
+/// One call of the wrapped model on one thread.
+pub(super) struct Pass<B: Backend> {
+    pub(super) depth: usize,
+    pub(super) position: usize,
+    /// The module this pass loaded last: its other parameters come from here.
+    pub(super) current: Option<(usize, DeviceParams<B>)>,
+    pub(super) error: Option<MemoryError>,
+}
+
+/// A module the prefetcher was asked for: being read, or read.
+pub(super) enum Staged<B: Backend> {
+    Pending,
+    Ready(Result<Loaded<B>, MemoryError>),
+}
+
+/// A module read ahead: on CPU backends already a tensor (the prefetcher's thread made it), on
+/// device backends the bytes to upload (uploads stay on the thread whose stream runs the
+/// model).
+pub(super) enum Loaded<B: Backend> {
+    Host(Vec<HostTensor>),
+    Device(DeviceParams<B>),
 }

@@ -2,7 +2,7 @@
 //! the same bytes, in the same run.
 //!
 //! ```text
-//! cargo build --release -p burn-data-parallel --features mpi --example mpi_all_reduce
+//! cargo build --release -p examples --features mpi --example mpi_all_reduce
 //! mpirun -np 2 target/release/examples/mpi_all_reduce [--iterations 200] [--json]
 //! ```
 //!
@@ -112,9 +112,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         assert_eq!(receive[0], world.size() as f32, "the bare loops summed");
         rows.push(Row {
             floats: bucket,
-            peer_ms: median_ms(&mut peer_times[5..]),
-            nonblocking_ms: median_ms(&mut nonblocking_times[5..]),
-            bare_ms: median_ms(&mut bare_times[5..]),
+            peer_ms: median_ms(&peer_times[5..]),
+            nonblocking_ms: median_ms(&nonblocking_times[5..]),
+            bare_ms: median_ms(&bare_times[5..]),
         });
     }
     if mpi.rank() != 0 {
@@ -183,7 +183,7 @@ fn clone_grads(grads: &GradientsParams, net: &Net<B>) -> GradientsParams {
     copy
 }
 
-fn median_ms(times: &mut [Duration]) -> f64 {
-    times.sort();
-    times[times.len() / 2].as_secs_f64() * 1e3
+/// The median of `times`, in milliseconds.
+fn median_ms(times: &[Duration]) -> f64 {
+    examples::stats::median(times.iter().map(|t| t.as_secs_f64() * 1e3))
 }
