@@ -1,12 +1,12 @@
-//! burn-memory's device-memory readings and transfers for [`HalfFlex`]: Flex's, since its
+//! burn-memory's device-memory readings and transfers for [`FastFlex`]: Flex's, since its
 //! tensors are Flex's.
 
 use burn::backend::Flex;
 
-use crate::HalfFlex;
+use crate::FastFlex;
 
 /// Flex's: its tensors are Flex's, on the heap.
-impl burn_memory::DeviceMemory for HalfFlex {
+impl burn_memory::DeviceMemory for FastFlex {
     const SOURCE: burn_memory::MemorySource = <Flex as burn_memory::DeviceMemory>::SOURCE;
 
     fn memory_usage(
@@ -22,7 +22,7 @@ impl burn_memory::DeviceMemory for HalfFlex {
 }
 
 /// Flex's: one host memory, shared by every thread.
-impl burn_memory::DeviceTransfer for HalfFlex {
+impl burn_memory::DeviceTransfer for FastFlex {
     const HOST_MEMORY: bool = <Flex as burn_memory::DeviceTransfer>::HOST_MEMORY;
 
     fn transfer_float(

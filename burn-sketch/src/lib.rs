@@ -19,7 +19,7 @@
 //! - [`SkLinear`], [`SkConv2d`]: the layers and their configurations ([`SkLinearConfig`],
 //!   [`SkConv2dConfig`], [`SketchInit`], [`ParamCounts`]); [`FixedSketch`]: the fixed sign
 //!   sketches they hold, recorded by seed;
-//! - [`backend`]: [`SketchBackend`], one module per backend (NdArray, Flex, `HalfFlex`, CubeCL,
+//! - [`backend`]: [`SketchBackend`], one module per backend (NdArray, Flex, `FastFlex`, CubeCL,
 //!   fusion, `Profiled`, `Autodiff`), with [`SketchWeights`] and [`KernelStrategy`];
 //! - [`panther`]: Panther's checkpoints, read and written;
 //! - [`ActivationExt`]: the fused [`Activation`] on Burn tensors;

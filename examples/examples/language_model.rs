@@ -714,7 +714,7 @@ where
 }
 
 /// bf16 mixed precision: the dense arm's training, f32 master weights, bf16 compute, on the
-/// study's backend's [`HalfCompute`] backend (`HalfFlex` for Flex).
+/// study's backend's [`HalfCompute`] backend (`FastFlex` for Flex).
 fn mixed_precision<B>(corpus: &Corpus, args: &Args, seed: u64, f32_profile: Profile) -> Vec<Extra>
 where
     B: AutodiffBackend + SketchBackend + DeviceMemory,

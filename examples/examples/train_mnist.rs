@@ -199,7 +199,7 @@ fn main() -> anyhow::Result<()> {
             type Balanced = Autodiff<B, BalancedCheckpointing>;
             train::<Balanced>(&config, &data, &dir, args.resume, &device)?
         } else if args.amp.is_some() {
-            // Half-precision compute on Flex takes `HalfFlex` (Flex computes `bf16`/`f16` one
+            // Half-precision compute on Flex takes `FastFlex` (Flex computes `bf16`/`f16` one
             // value at a time); every other backend is its own.
             type Half = <B as HalfCompute>::Half;
             train::<Autodiff<Half>>(&config, &data, &dir, args.resume, &device)?

@@ -102,7 +102,7 @@ macro_rules! with_backend {
 }
 
 /// The backend a model's `bf16`/`f16` compute runs on: on Flex,
-/// [`HalfFlex`](burn_fast_cpu::HalfFlex) (Flex with half-precision operations on the CPU's
+/// [`FastFlex`](burn_fast_cpu::FastFlex) (Flex with half-precision operations on the CPU's
 /// vector units, where Flex's own compute one value at a time); every other backend is its
 /// own. Mixed-precision runs (`--amp`, the language model's `bf16` extra) take this backend.
 pub trait HalfCompute: burn::tensor::backend::Backend {
@@ -111,7 +111,7 @@ pub trait HalfCompute: burn::tensor::backend::Backend {
 }
 
 impl HalfCompute for burn::backend::Flex {
-    type Half = burn_fast_cpu::HalfFlex;
+    type Half = burn_fast_cpu::FastFlex;
 }
 
 #[cfg(feature = "ndarray")]

@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `NdArray` | `ndarray` | its own: direct matrix products on the arrays |
 //! | `Flex` | `flex` | its own: `gemm` calls on the buffers, scale, bias and activation fused |
-//! | `HalfFlex` (burn-fast-cpu) | `flex` | Flex's |
+//! | `FastFlex` (burn-fast-cpu) | `flex` | Flex's |
 //! | every `CubeBackend` (`Wgpu`, `Cuda`, `Rocm`, ...) | `cubecl` (`wgpu`, `cuda`) | the `burn-sketch-kernels` kernels (activation in their output pass) or the tensor-op path, by [`KernelStrategy`] |
 //! | `Fusion<B>` | `fusion` | one custom operation in the fusion stream, running `B`'s |
 //! | `Profiled<B>` (burn-profiler) | `profile` | `B`'s, recorded as one operation |
@@ -32,7 +32,7 @@ mod flex;
 mod fusion;
 mod gradients;
 #[cfg(feature = "flex")]
-mod half_flex;
+mod fast_flex;
 #[cfg(feature = "ndarray")]
 mod ndarray;
 #[cfg(feature = "profile")]

@@ -12,7 +12,7 @@ mod cpu;
 mod cuda;
 mod finite_differences;
 mod flex;
-mod half_flex;
+mod fast_flex;
 mod ndarray;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;

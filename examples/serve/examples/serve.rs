@@ -31,7 +31,7 @@ use burn::backend::Flex;
 use burn::data::dataset::Dataset;
 use burn::module::Module;
 use burn::tensor::{DType, Tensor, TensorData};
-use burn_fast_cpu::HalfFlex;
+use burn_fast_cpu::FastFlex;
 use burn_memory::offload::{OffloadConfig, OffloadManager, OffloadSelection, OffloadedModel};
 use burn_memory::training::mixed_precision::CastParams;
 use burn_memory::{CountingAllocator, DeviceMemory};
@@ -75,7 +75,7 @@ struct Args {
     /// Epochs when the classifier has to be trained first.
     #[arg(long, default_value_t = 2)]
     epochs: usize,
-    /// The classifier's precision: `f32`; `bf16` (weights and activations, on `HalfFlex`'s
+    /// The classifier's precision: `f32`; `bf16` (weights and activations, on `FastFlex`'s
     /// AVX512-BF16 products); `int8` (weights, burn-compress's `Int8Linear`).
     #[arg(long, value_enum, default_value = "f32")]
     precision: Served,
@@ -210,12 +210,12 @@ fn classifier(args: &Args) -> anyhow::Result<(Vec<Box<dyn Servable>>, ModelForwa
             ))
         }
         Served::Bf16 => {
-            // The same weights on `HalfFlex`, cast to `bf16`; inputs cast on the way in and
+            // The same weights on `FastFlex`, cast to `bf16`; inputs cast on the way in and
             // logits back to `f32` on the way out.
             let half = Default::default();
-            let (mlp, _) = load::<HalfFlex, _, MlpConfig>(&path, |c| c.init(&half))?;
+            let (mlp, _) = load::<FastFlex, _, MlpConfig>(&path, |c| c.init(&half))?;
             let mlp = mlp.map(&mut CastParams(DType::BF16));
-            let forward = |m: &Mlp<HalfFlex>, x: Tensor<HalfFlex, 2>| {
+            let forward = |m: &Mlp<FastFlex>, x: Tensor<FastFlex, 2>| {
                 m.forward(((x - MEAN) / STD).cast(DType::BF16))
                     .cast(DType::F32)
             };
@@ -225,7 +225,7 @@ fn classifier(args: &Args) -> anyhow::Result<(Vec<Box<dyn Servable>>, ModelForwa
             Ok((
                 replicas,
                 Box::new(move |x: Tensor<Flex, 2>| {
-                    let x = Tensor::<HalfFlex, 2>::from_data(x.into_data(), &half);
+                    let x = Tensor::<FastFlex, 2>::from_data(x.into_data(), &half);
                     host(forward(&reference, x))
                 }),
             ))
@@ -343,7 +343,7 @@ fn describe(args: &Args) -> String {
 fn platform(args: &Args) -> &'static str {
     match args.precision {
         Served::F32 => "burn-flex",
-        Served::Bf16 => "burn-halfflex-bf16",
+        Served::Bf16 => "burn-fastflex-bf16",
         Served::Int8 => "burn-flex-int8",
     }
 }

@@ -1,7 +1,7 @@
 //! `cargo backend-ops`: generates the forwarding of Burn's operation traits
 //! (`FloatTensorOps`, `IntTensorOps`, `BoolTensorOps`, `ModuleOps`, `ActivationOps`,
 //! `QTensorOps`) for the project's two backend decorators ([`TARGETS`]): burn-profiler's
-//! profiling backend `Profiled<B>` and burn-fast-cpu's `HalfFlex`. Each gets a folder, its
+//! profiling backend `Profiled<B>` and burn-fast-cpu's `FastFlex`. Each gets a folder, its
 //! module `ops`, with one file per trait as in burn-backend (`float.rs`, `int.rs`, `bool.rs`,
 //! `module.rs`, `activation.rs`, `qtensor.rs`) and a `mod.rs` that declares them.
 //!
@@ -29,7 +29,7 @@
 //! signatures name, where those are reachable from outside burn-backend) and classifies each
 //! parameter and return type ([`parse::classify`]); [`emit`] writes the files, a method's
 //! signature and arguments in `emit::method`, its body in `emit::profiled` (`Profiled<B>`)
-//! or `emit::half_flex` (`HalfFlex`).
+//! or `emit::fast_flex` (`FastFlex`).
 
 mod emit;
 mod parse;

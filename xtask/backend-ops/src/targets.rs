@@ -92,26 +92,40 @@ pub const TARGETS: [Target; 2] = [
         body: Body::Record,
     },
     Target {
-        output: "burn-fast-cpu/src/half_flex/ops",
-        implementor: "HalfFlex",
+        output: "burn-fast-cpu/src/fast_flex/ops",
+        implementor: "FastFlex",
         generics: "",
-        doc: "//! The forwarding of Burn's operation traits for [`HalfFlex`]: every method calls Flex's,\n\
+        doc: "//! The forwarding of Burn's operation traits for [`FastFlex`]: every method calls Flex's,\n\
               //! except that the arithmetic of half-precision tensors runs as `f32` (converted by\n\
               //! [`to_f32`](super::to_f32), rounded back by [`from_f32`](super::from_f32)) and that\n\
-              //! the parent module writes `float_matmul` and `float_cast` itself. A method that Flex\n\
-              //! leaves to the trait's default is left to it here too, so that its decomposition\n\
-              //! runs on `HalfFlex`'s operations (Burn's `linear` on its `float_matmul`).\n",
-        uses: "use burn::backend::Flex;\n\nuse super::HalfFlex;\n",
+              //! the parent module writes the operations a model spends its time in itself (products,\n\
+              //! `linear`, activations, normalisation: its list is `FAST_OWN` in the generator). A\n\
+              //! method that Flex leaves to the trait's default is left to it here too, so that its\n\
+              //! decomposition runs on `FastFlex`'s operations.\n",
+        uses: "use burn::backend::Flex;\n\nuse super::FastFlex;\n",
         body: Body::Forward {
             to: "Flex",
             package: "burn-flex",
             via_f32: HALF_VIA_F32,
-            own: &["float_matmul", "float_cast"],
+            own: FAST_OWN,
         },
     },
 ];
 
-/// The operations `HalfFlex` runs in `f32` for `bf16` and `f16` tensors: arithmetic,
+/// The operations `FastFlex` computes itself, each a function of the same name in
+/// `fast_flex/mod.rs`.
+const FAST_OWN: &[&str] = &[
+    "float_matmul",
+    "float_cast",
+    "linear",
+    "linear_x_backward",
+    "linear_weight_backward",
+    "linear_bias_backward",
+    "gelu",
+    "gelu_backward",
+];
+
+/// The operations `FastFlex` runs in `f32` for `bf16` and `f16` tensors: arithmetic,
 /// reductions, comparisons and activations, which Flex 0.21 computes one value at a time
 /// through `half`'s scalar conversions. Operations that only move values (reshape, slice,
 /// gather, cat, mask, …) are Flex's, in any type.

@@ -1,5 +1,5 @@
 //! The generator's tests: the committed folders are what it writes now, and every method of
-//! every trait is forwarded or, for `HalfFlex`, deliberately left to its default.
+//! every trait is forwarded or, for `FastFlex`, deliberately left to its default.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -74,8 +74,8 @@ fn every_trait_method_is_forwarded() {
     for generated in &generated {
         every_method_emitted(generated);
     }
-    // The profiler forwards every method; `HalfFlex` leaves Burn's `linear` (which Flex
-    // does not implement) to the default, so that it multiplies on `HalfFlex`.
+    // The profiler forwards every method; `FastFlex` leaves Burn's `linear` (which Flex
+    // does not implement) to the default, so that it multiplies on `FastFlex`.
     assert!(
         generated[0]
             .defaulted
@@ -89,10 +89,10 @@ fn every_trait_method_is_forwarded() {
     assert!(module_left.is_some_and(|(_, left)| left.iter().any(|m| m == "linear")));
 }
 
-/// Every name the `HalfFlex` lists give is a method of the traits (a renamed Burn
+/// Every name the `FastFlex` lists give is a method of the traits (a renamed Burn
 /// operation would otherwise silently leave the list).
 #[test]
-fn half_flex_lists_name_trait_methods() {
+fn fast_flex_lists_name_trait_methods() {
     let generated = generated();
     let declared: BTreeSet<&str> = generated[1]
         .declared
@@ -100,7 +100,7 @@ fn half_flex_lists_name_trait_methods() {
         .flat_map(|(_, names)| names.iter().map(String::as_str))
         .collect();
     let Body::Forward { via_f32, own, .. } = &TARGETS[1].body else {
-        panic!("HalfFlex forwards");
+        panic!("FastFlex forwards");
     };
     for name in via_f32.iter().chain(own.iter()) {
         assert!(declared.contains(name), "{name} is not a trait method");

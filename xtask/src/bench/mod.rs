@@ -246,10 +246,10 @@ macro_rules! with_backend {
                 type $b = Flex;
                 $body
             }
-            // Half precision on the CPU takes `HalfFlex` (Flex computes `bf16`/`f16` one value
+            // Half precision on the CPU takes `FastFlex` (Flex computes `bf16`/`f16` one value
             // at a time, and multiplies `bf16` through `f32` copies).
             (BackendKind::Flex, _) => {
-                type $b = burn_fast_cpu::HalfFlex;
+                type $b = burn_fast_cpu::FastFlex;
                 $body
             }
             (BackendKind::Ndarray, Dtype::F32) => {

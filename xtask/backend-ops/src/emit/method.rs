@@ -1,7 +1,7 @@
 //! One forwarded method: its signature (the trait's backend parameter made `Self`, paths
 //! made absolute), the `use` items it needs, its parameters, and the rebuilding of values
 //! whose type is generic over the backend; the body is the target's ([`super::profiled`],
-//! [`super::half_flex`]).
+//! [`super::fast_flex`]).
 
 use std::collections::BTreeSet;
 

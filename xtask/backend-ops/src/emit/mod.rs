@@ -2,7 +2,7 @@
 //! its signatures need and a header; and `mod.rs`, which declares them and brings in what they
 //! share. Each is formatted with rustfmt.
 
-mod half_flex;
+mod fast_flex;
 mod method;
 mod profiled;
 

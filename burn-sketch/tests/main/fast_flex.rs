@@ -1,13 +1,13 @@
-//! `SkLinear` on burn-fast-cpu's `HalfFlex`: the backend-generic checks (its sketched product is
+//! `SkLinear` on burn-fast-cpu's `FastFlex`: the backend-generic checks (its sketched product is
 //! Flex's own path; the backend's operations are tested in burn-fast-cpu).
 
 use burn::backend::Autodiff;
 use burn::backend::flex::FlexDevice;
-use burn_fast_cpu::HalfFlex;
+use burn_fast_cpu::FastFlex;
 use burn_sketch::backend::KernelStrategy;
 
-type B = HalfFlex;
-type AB = Autodiff<HalfFlex>;
+type B = FastFlex;
+type AB = Autodiff<FastFlex>;
 const DEVICE: FlexDevice = FlexDevice;
 const STRATEGY: KernelStrategy = KernelStrategy::Autotune;
 

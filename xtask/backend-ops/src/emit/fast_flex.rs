@@ -1,4 +1,4 @@
-//! The body of a `HalfFlex` method ([`Body::Forward`]): Flex's method, run on `f32` copies of
+//! The body of a `FastFlex` method ([`Body::Forward`]): Flex's method, run on `f32` copies of
 //! half-precision float tensors for the methods listed to run via `f32`.
 
 use anyhow::{Result, bail, ensure};

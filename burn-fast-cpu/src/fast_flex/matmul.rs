@@ -1,4 +1,4 @@
-//! `HalfFlex`'s `bf16` product: Burn's batched `matmul` (leading dimensions broadcast) on
+//! `FastFlex`'s `bf16` product: Burn's batched `matmul` (leading dimensions broadcast) on
 //! [`cpu::bf16::matmul`](burn_cpu_kernels::bf16::matmul), read through the operands' strides.
 
 use burn::backend::flex::{FlexTensor, Layout};

@@ -1,4 +1,4 @@
-//! [`HalfFlex`]: Flex, with `bf16` and `f16` tensors computed at `f32`'s speed. The
+//! [`FastFlex`]: Flex, with `bf16` and `f16` tensors computed at `f32`'s speed. The
 //! forwarding of Burn's operation traits to Flex is generated ([`ops`], by
 //! `cargo backend-ops`).
 
@@ -11,6 +11,8 @@ use burn_backend::{Backend, BackendTypes, DTypeUsageSet, ExecutionError, FloatDT
 use half::{bf16, f16};
 
 mod convert;
+mod elementwise;
+mod linear;
 mod matmul;
 mod ops;
 
@@ -21,9 +23,9 @@ mod ops;
 /// casts are one vectorised pass. Operations that only move values, and `f32`/`f64` tensors, are
 /// Flex's own (the book's *bf16 and int8 on the CPU* has the measurements).
 #[derive(Clone, Copy, Default, Debug)]
-pub struct HalfFlex;
+pub struct FastFlex;
 
-impl BackendTypes for HalfFlex {
+impl BackendTypes for FastFlex {
     type Device = <Flex as BackendTypes>::Device;
     type FloatTensorPrimitive = <Flex as BackendTypes>::FloatTensorPrimitive;
     type FloatElem = <Flex as BackendTypes>::FloatElem;
@@ -34,7 +36,7 @@ impl BackendTypes for HalfFlex {
     type QuantizedTensorPrimitive = <Flex as BackendTypes>::QuantizedTensorPrimitive;
 }
 
-impl Backend for HalfFlex {
+impl Backend for FastFlex {
     fn ad_enabled(device: &FlexDevice) -> bool {
         Flex::ad_enabled(device)
     }
@@ -56,7 +58,7 @@ impl Backend for HalfFlex {
     }
 
     fn name(device: &FlexDevice) -> String {
-        format!("half_{}", Flex::name(device))
+        format!("fast_{}", Flex::name(device))
     }
 
     fn seed(device: &FlexDevice, seed: u64) {
@@ -87,7 +89,7 @@ impl Backend for HalfFlex {
     }
 }
 
-impl TransactionOps<Self> for HalfFlex {
+impl TransactionOps<Self> for FastFlex {
     async fn tr_execute(
         transaction: TransactionPrimitive<Self>,
     ) -> Result<TransactionPrimitiveData, ExecutionError> {
@@ -134,7 +136,7 @@ fn from_f32(tensor: FlexTensor, dtype: FloatDType) -> FlexTensor {
 
 /// Flex's `float_cast`, but a vectorised pass between `f32` and `bf16`/`f16` (Flex's converts
 /// every value through `f64`).
-fn float_cast(tensor: FloatTensor<HalfFlex>, dtype: FloatDType) -> FloatTensor<HalfFlex> {
+fn float_cast(tensor: FloatTensor<FastFlex>, dtype: FloatDType) -> FloatTensor<FastFlex> {
     match (tensor.dtype(), dtype) {
         (DType::BF16 | DType::F16, FloatDType::F32) => to_f32(tensor),
         (DType::F32, FloatDType::BF16 | FloatDType::F16) => from_f32(tensor, dtype),
@@ -144,7 +146,7 @@ fn float_cast(tensor: FloatTensor<HalfFlex>, dtype: FloatDType) -> FloatTensor<H
 
 /// Flex's `float_matmul`, but `bf16` products on [`cpu::bf16`](burn_cpu_kernels::bf16) and `f16`
 /// ones through `f32`.
-fn float_matmul(lhs: FloatTensor<HalfFlex>, rhs: FloatTensor<HalfFlex>) -> FloatTensor<HalfFlex> {
+fn float_matmul(lhs: FloatTensor<FastFlex>, rhs: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
     use burn_backend::ops::FloatTensorOps;
     match (lhs.dtype(), rhs.dtype()) {
         (DType::BF16, DType::BF16) => matmul::bf16(&lhs, &rhs),
@@ -154,4 +156,107 @@ fn float_matmul(lhs: FloatTensor<HalfFlex>, rhs: FloatTensor<HalfFlex>) -> Float
         ),
         _ => Flex::float_matmul(lhs, rhs),
     }
+}
+
+/// Whether `FastFlex`'s own `linear` computes these operands: one float type of ours for all
+/// (`f64`, and mixed types, take the composition on Flex's operations).
+fn own_linear(tensors: &[&FlexTensor]) -> bool {
+    let dtype = tensors[0].dtype();
+    matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+        && tensors.iter().all(|t| t.dtype() == dtype)
+}
+
+/// Burn's `linear` as one 2-D product for any rank of `x` ([`linear`](mod@linear)).
+fn linear(
+    x: FloatTensor<FastFlex>,
+    weight: FloatTensor<FastFlex>,
+    bias: Option<FloatTensor<FastFlex>>,
+) -> FloatTensor<FastFlex> {
+    let mut operands = vec![&x, &weight];
+    operands.extend(bias.as_ref());
+    if own_linear(&operands) {
+        return linear::forward(x, weight, bias);
+    }
+    flex_linear(x, weight, bias)
+}
+
+/// `linear` composed of Flex's operations: `x` flattened to 2-D, one product, the bias added.
+fn flex_linear(
+    x: FlexTensor,
+    weight: FlexTensor,
+    bias: Option<FlexTensor>,
+) -> FlexTensor {
+    use burn_backend::ops::FloatTensorOps;
+    let dims = x.layout().shape().to_vec();
+    let k = dims[dims.len() - 1];
+    let n = weight.layout().shape()[1];
+    let m = dims[..dims.len() - 1].iter().product::<usize>();
+    let x = Flex::float_reshape(x, burn::tensor::Shape::from(vec![m, k]));
+    let mut out = Flex::float_matmul(x, weight);
+    if let Some(bias) = bias {
+        let bias = Flex::float_reshape(bias, burn::tensor::Shape::from(vec![1, n]));
+        out = Flex::float_add(out, bias);
+    }
+    let mut out_dims = dims;
+    *out_dims.last_mut().expect("rank ≥ 1") = n;
+    Flex::float_reshape(out, burn::tensor::Shape::from(out_dims))
+}
+
+/// The gradient of `linear` for `x`: one product `output_grad · weightᵀ`.
+fn linear_x_backward(
+    weight: FloatTensor<FastFlex>,
+    output_grad: FloatTensor<FastFlex>,
+) -> FloatTensor<FastFlex> {
+    if own_linear(&[&weight, &output_grad]) {
+        return linear::x_backward(weight, output_grad);
+    }
+    use burn_backend::ops::FloatTensorOps;
+    let transposed = Flex::float_swap_dims(weight, 0, 1);
+    flex_linear(output_grad, transposed, None)
+}
+
+/// The gradient of `linear` for its weight: one product `xᵀ · output_grad` over every
+/// position of the batch.
+fn linear_weight_backward(
+    x: FloatTensor<FastFlex>,
+    output_grad: FloatTensor<FastFlex>,
+) -> FloatTensor<FastFlex> {
+    if own_linear(&[&x, &output_grad]) {
+        return linear::weight_backward(x, output_grad);
+    }
+    use burn_backend::ops::FloatTensorOps;
+    let dims = x.layout().shape().to_vec();
+    let k = dims[dims.len() - 1];
+    let m = dims[..dims.len() - 1].iter().product::<usize>();
+    let g_dims = output_grad.layout().shape().to_vec();
+    let n = g_dims[g_dims.len() - 1];
+    let x = Flex::float_reshape(x, burn::tensor::Shape::from(vec![m, k]));
+    let g = Flex::float_reshape(output_grad, burn::tensor::Shape::from(vec![m, n]));
+    Flex::float_matmul(Flex::float_swap_dims(x, 0, 1), g)
+}
+
+/// The gradient of `linear` for its bias: the sum over every position of the batch.
+fn linear_bias_backward(output_grad: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
+    if own_linear(&[&output_grad]) {
+        return linear::bias_backward(output_grad);
+    }
+    use burn_backend::ops::FloatTensorOps;
+    let dims = output_grad.layout().shape().to_vec();
+    let n = dims[dims.len() - 1];
+    let m = dims[..dims.len() - 1].iter().product::<usize>();
+    let g = Flex::float_reshape(output_grad, burn::tensor::Shape::from(vec![m, n]));
+    Flex::float_reshape(Flex::float_sum_dim(g, 0), burn::tensor::Shape::from(vec![n]))
+}
+
+/// The exact GELU, vectorised ([`Activation::Gelu`](burn_cpu_kernels::Activation::Gelu));
+/// Flex's calls a scalar `erff` per value. `f64` is Flex's.
+fn gelu(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::ActivationOps;
+    elementwise::gelu(&tensor).unwrap_or_else(|| Flex::gelu(tensor))
+}
+
+/// GELU's backward, vectorised as [`gelu`].
+fn gelu_backward(x: FloatTensor<FastFlex>, grad: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::ActivationOps;
+    elementwise::gelu_backward(&x, &grad).unwrap_or_else(|| Flex::gelu_backward(x, grad))
 }

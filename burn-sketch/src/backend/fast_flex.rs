@@ -1,4 +1,4 @@
-//! `SketchBackend` for [`HalfFlex`]: Flex's own path (the `bf16` products already on
+//! `SketchBackend` for [`FastFlex`]: Flex's own path (the `bf16` products already on
 //! [`bf16`](burn_cpu_kernels::bf16)), on the same primitives.
 
 use burn::backend::Flex;
@@ -7,22 +7,22 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use super::{
     Activation, KernelStrategy, SketchBackend, SketchGradients, SketchWeights, WantedGradients,
 };
-use burn_fast_cpu::HalfFlex;
+use burn_fast_cpu::FastFlex;
 
 /// The same tensor, as Flex's (the primitive is shared).
-fn flex<const D: usize>(tensor: Tensor<HalfFlex, D>) -> Tensor<Flex, D> {
+fn flex<const D: usize>(tensor: Tensor<FastFlex, D>) -> Tensor<Flex, D> {
     Tensor::from_primitive(TensorPrimitive::Float(tensor.into_primitive().tensor()))
 }
 
-fn half<const D: usize>(tensor: Tensor<Flex, D>) -> Tensor<HalfFlex, D> {
+fn half<const D: usize>(tensor: Tensor<Flex, D>) -> Tensor<FastFlex, D> {
     Tensor::from_primitive(TensorPrimitive::Float(tensor.into_primitive().tensor()))
 }
 
-fn flex_weights(weights: SketchWeights<HalfFlex>) -> SketchWeights<Flex> {
+fn flex_weights(weights: SketchWeights<FastFlex>) -> SketchWeights<Flex> {
     SketchWeights::from_primitives(weights.into_primitives())
 }
 
-impl SketchBackend for HalfFlex {
+impl SketchBackend for FastFlex {
     fn sketched_linear(
         x: Tensor<Self, 2>,
         weights: SketchWeights<Self>,

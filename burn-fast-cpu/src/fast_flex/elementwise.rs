@@ -1,0 +1,150 @@
+//! Element-wise operations on vectorised `f32` slice kernels, in every float type but `f64`:
+//! `f32` tensors are read in place, `bf16` and `f16` ones are widened a piece at a time into a
+//! scratch that stays in cache, computed, and rounded once into the output.
+
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::tensor::{Bytes, DType};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use burn_cpu_kernels::Activation;
+
+use super::convert::Half;
+
+/// Values per piece: small enough for a piece and its scratch to stay in L2, large enough to
+/// amortise rayon's scheduling.
+const PIECE: usize = 1 << 14;
+
+/// `op` applied in place to every value of `tensor` (as `f32`), or `None` for a type this
+/// module does not compute (`f64`: Flex's own operation runs).
+pub(super) fn unary(
+    tensor: &FlexTensor,
+    op: impl Fn(&mut [f32]) + Sync,
+) -> Option<FlexTensor> {
+    let tensor = dense(tensor);
+    let layout = moved(tensor.layout());
+    let start = tensor.layout().start_offset();
+    let len = tensor.layout().num_elements();
+    Some(match tensor.dtype() {
+        DType::F32 => {
+            let src = &tensor.storage::<f32>()[start..start + len];
+            let mut out = vec![0.0f32; len];
+            pieces(&mut out, src, |dst, src| {
+                dst.copy_from_slice(src);
+                op(dst);
+            });
+            FlexTensor::new(Bytes::from_elems(out), layout, DType::F32)
+        }
+        DType::BF16 => half_unary::<bf16>(&tensor.storage::<bf16>()[start..start + len], layout, &op),
+        DType::F16 => half_unary::<f16>(&tensor.storage::<f16>()[start..start + len], layout, &op),
+        _ => return None,
+    })
+}
+
+fn half_unary<H: Half>(src: &[H], layout: Layout, op: &(impl Fn(&mut [f32]) + Sync)) -> FlexTensor {
+    let mut out = vec![H::ZERO; src.len()];
+    pieces(&mut out, src, |dst, src| {
+        let mut scratch = vec![0.0f32; src.len()];
+        H::widen(src, &mut scratch);
+        op(&mut scratch);
+        H::narrow(&scratch, dst);
+    });
+    FlexTensor::new(Bytes::from_elems(out), layout, H::DTYPE)
+}
+
+/// `op(a, b)` with `b` updated in place, over two tensors of one shape and type; `None`
+/// where the shapes or types differ or the type is `f64`.
+pub(super) fn binary(
+    a: &FlexTensor,
+    b: &FlexTensor,
+    op: impl Fn(&[f32], &mut [f32]) + Sync,
+) -> Option<FlexTensor> {
+    if a.layout().shape() != b.layout().shape() || a.dtype() != b.dtype() {
+        return None;
+    }
+    let (a, b) = (a.to_contiguous(), b.to_contiguous());
+    let layout = Layout::contiguous(a.layout().shape().clone());
+    let len = layout.num_elements();
+    let (sa, sb) = (a.layout().start_offset(), b.layout().start_offset());
+    Some(match a.dtype() {
+        DType::F32 => {
+            let (x, y) = (&a.storage::<f32>()[sa..sa + len], &b.storage::<f32>()[sb..sb + len]);
+            let mut out = vec![0.0f32; len];
+            out.par_chunks_mut(PIECE)
+                .zip(x.par_chunks(PIECE).zip(y.par_chunks(PIECE)))
+                .for_each(|(dst, (x, y))| {
+                    dst.copy_from_slice(y);
+                    op(x, dst);
+                });
+            FlexTensor::new(Bytes::from_elems(out), layout, DType::F32)
+        }
+        DType::BF16 => half_binary::<bf16>(
+            &a.storage::<bf16>()[sa..sa + len],
+            &b.storage::<bf16>()[sb..sb + len],
+            layout,
+            &op,
+        ),
+        DType::F16 => half_binary::<f16>(
+            &a.storage::<f16>()[sa..sa + len],
+            &b.storage::<f16>()[sb..sb + len],
+            layout,
+            &op,
+        ),
+        _ => return None,
+    })
+}
+
+fn half_binary<H: Half>(
+    x: &[H],
+    y: &[H],
+    layout: Layout,
+    op: &(impl Fn(&[f32], &mut [f32]) + Sync),
+) -> FlexTensor {
+    let mut out = vec![H::ZERO; x.len()];
+    out.par_chunks_mut(PIECE)
+        .zip(x.par_chunks(PIECE).zip(y.par_chunks(PIECE)))
+        .for_each(|(dst, (x, y))| {
+            let (mut a, mut b) = (vec![0.0f32; x.len()], vec![0.0f32; y.len()]);
+            H::widen(x, &mut a);
+            H::widen(y, &mut b);
+            op(&a, &mut b);
+            H::narrow(&b, dst);
+        });
+    FlexTensor::new(Bytes::from_elems(out), layout, H::DTYPE)
+}
+
+/// `f(dst, src)` over matching pieces, on rayon's threads when there are several.
+fn pieces<S: Sync, D: Send>(dst: &mut [D], src: &[S], f: impl Fn(&mut [D], &[S]) + Sync) {
+    if src.len() <= PIECE {
+        f(dst, src);
+    } else {
+        dst.par_chunks_mut(PIECE)
+            .zip(src.par_chunks(PIECE))
+            .for_each(|(dst, src)| f(dst, src));
+    }
+}
+
+/// `tensor` itself where its values fill one span of its buffer in row-major order, else a
+/// contiguous copy.
+fn dense(tensor: &FlexTensor) -> FlexTensor {
+    if tensor.layout().is_contiguous() {
+        tensor.clone()
+    } else {
+        tensor.to_contiguous()
+    }
+}
+
+/// A contiguous layout of `layout`'s shape (the output's).
+fn moved(layout: &Layout) -> Layout {
+    Layout::contiguous(layout.shape().clone())
+}
+
+/// The exact GELU (Burn's `gelu`, erf within `1.5e-7`), vectorised.
+pub(super) fn gelu(tensor: &FlexTensor) -> Option<FlexTensor> {
+    unary(tensor, |values| Activation::Gelu.apply_to(values))
+}
+
+/// GELU's backward, `grad · gelu'(x)`.
+pub(super) fn gelu_backward(x: &FlexTensor, grad: &FlexTensor) -> Option<FlexTensor> {
+    binary(x, grad, |x, grad| Activation::Gelu.backward_to(x, grad))
+}

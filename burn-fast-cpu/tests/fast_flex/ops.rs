@@ -1,0 +1,213 @@
+//! The operations `FastFlex` computes itself (`linear`, activations, normalisation,
+//! attention) against Flex's own results in every float type, on odd shapes and on strided,
+//! permuted and broadcast inputs, forward and backward.
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::Module;
+use burn::nn::{LinearConfig, LayerNormConfig};
+use burn::tensor::activation::gelu;
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Distribution, Tensor, TensorData};
+use burn_fast_cpu::FastFlex;
+use burn_memory::draw_params;
+
+use super::{Cast, DEVICE, values};
+use crate::close::{assert_close_within, serial};
+
+/// The same `f32` values on both backends.
+fn both<const D: usize>(shape: [usize; D], seed: u64) -> (Tensor<FastFlex, D>, Tensor<Flex, D>) {
+    let data = TensorData::new(values(shape.iter().product(), seed), shape);
+    (
+        Tensor::from_data(data.clone(), &DEVICE),
+        Tensor::from_data(data, &DEVICE),
+    )
+}
+
+/// `got` within `tolerance` of `want`, relative to `want`'s largest value.
+fn close<const D: usize>(
+    got: Tensor<FastFlex, D>,
+    want: Tensor<Flex, D>,
+    tolerance: f32,
+    what: &str,
+) {
+    assert_eq!(got.dims(), want.dims(), "{what}: shape");
+    assert_close_within(got.into_data(), want.into_data(), tolerance, what);
+}
+
+/// `linear` at ranks 1 to 4, with and without bias, on inputs whose leading dimensions
+/// collapse into one stride (contiguous, sliced) and inputs that do not (permuted), and on a
+/// transposed weight: Flex's batched product within `f32` rounding of sums.
+#[test]
+fn linear_matches_flex_at_every_rank_and_layout() {
+    use burn::tensor::module::linear;
+    let (w, w32) = both([37, 19], 1);
+    let (b, b32) = both([19], 2);
+    let (wt, wt32) = both([19, 37], 3);
+    let (wt, wt32) = (wt.transpose(), wt32.transpose());
+    let (x1, x1_32) = both([37], 4);
+    close(linear(x1.clone(), w.clone(), Some(b.clone())), linear(x1_32, w32.clone(), Some(b32.clone())), 1e-5, "rank 1");
+    let (x2, x2_32) = both([5, 37], 5);
+    close(linear(x2.clone(), w.clone(), None), linear(x2_32.clone(), w32.clone(), None), 1e-5, "rank 2");
+    close(linear(x2, wt.clone(), Some(b.clone())), linear(x2_32, wt32.clone(), Some(b32.clone())), 1e-5, "transposed weight");
+    let (x3, x3_32) = both([3, 7, 37], 6);
+    close(linear(x3.clone(), w.clone(), Some(b.clone())), linear(x3_32.clone(), w32.clone(), Some(b32.clone())), 1e-5, "rank 3");
+    // [7, 3, 37] seen as [3, 7, 37]: the two leading dimensions do not collapse.
+    let (p, p32) = both([7, 3, 37], 7);
+    close(
+        linear(p.swap_dims(0, 1), w.clone(), Some(b.clone())),
+        linear(p32.swap_dims(0, 1), w32.clone(), Some(b32.clone())),
+        1e-5,
+        "permuted leading dimensions",
+    );
+    // Rows of a wider tensor: a row stride larger than the width.
+    close(
+        linear(x3.clone().slice([0..3, 1..6, 0..37]), w.clone(), None),
+        linear(x3_32.clone().slice([0..3, 1..6, 0..37]), w32.clone(), None),
+        1e-5,
+        "sliced rows",
+    );
+    // The feature dimension read with a stride (the input transposed in its last two).
+    let (xt, xt32) = both([2, 37, 6], 8);
+    close(
+        linear(xt.swap_dims(1, 2), w.clone(), Some(b.clone())),
+        linear(xt32.swap_dims(1, 2), w32.clone(), Some(b32.clone())),
+        1e-5,
+        "strided features",
+    );
+    // A broadcast input: one sequence expanded over a batch of 4.
+    let (e, e32) = both([1, 6, 37], 9);
+    close(
+        linear(e.expand([4, 6, 37]), w.clone(), Some(b.clone())),
+        linear(e32.expand([4, 6, 37]), w32.clone(), Some(b32.clone())),
+        1e-5,
+        "expanded batch",
+    );
+    let (x4, x4_32) = both([2, 3, 4, 37], 10);
+    close(linear(x4, w.clone(), Some(b.clone())), linear(x4_32, w32.clone(), Some(b32.clone())), 1e-5, "rank 4");
+    // Empty batch.
+    let empty = Tensor::<FastFlex, 3>::zeros([0, 4, 37], &DEVICE);
+    assert_eq!(linear(empty, w, Some(b)).dims(), [0, 4, 19]);
+}
+
+/// `bf16` and `f16` `linear`: within the output's rounding of the `f64` product of the same
+/// values (what an `f32` accumulation rounded once gives).
+#[test]
+fn half_linear_matches_f64() {
+    use burn::tensor::module::linear;
+    for dtype in [DType::BF16, DType::F16] {
+        let (x, x32) = super::pair([3, 11, 70], 40, dtype);
+        let (w, w32) = super::pair([70, 33], 41, dtype);
+        let (b, b32) = super::pair([33], 42, dtype);
+        let got = linear(x, w, Some(b));
+        assert_eq!((got.dims(), got.dtype()), ([3, 11, 33], dtype));
+        let want = linear(x32.cast(DType::F64), w32.cast(DType::F64), Some(b32.cast(DType::F64)));
+        let bits = if dtype == DType::BF16 { -8 } else { -11 };
+        let got = got.into_data().convert::<f64>();
+        for (g, w) in got.iter::<f64>().zip(want.into_data().iter::<f64>()) {
+            assert!((g - w).abs() <= w.abs() * 2f64.powi(bits) + 1e-5, "{dtype:?}: {g} against {w}");
+        }
+    }
+}
+
+/// A two-layer model under autodiff on rank-3 input with a padded batch: `FastFlex`'s
+/// forward and the gradients of every parameter and of the input agree with Flex's; this
+/// reaches `linear`'s three backward products and GELU's backward.
+#[test]
+fn linear_and_gelu_train_like_flex() {
+    let _serial = serial();
+    #[derive(Module, Debug)]
+    struct Net<B: Backend> {
+        up: burn::nn::Linear<B>,
+        down: burn::nn::Linear<B>,
+        norm: burn::nn::LayerNorm<B>,
+    }
+    fn run<B: burn::tensor::backend::AutodiffBackend>() -> Vec<Vec<f32>> {
+        B::seed(&Default::default(), 5);
+        let device = Default::default();
+        let net = Net::<B> {
+            up: LinearConfig::new(24, 40).init(&device),
+            down: LinearConfig::new(40, 24).with_bias(false).init(&device),
+            norm: LayerNormConfig::new(24).init(&device),
+        };
+        draw_params(&net);
+        let x = Tensor::<B, 3>::random([3, 5, 24], Distribution::Default, &device).require_grad();
+        let h = gelu(net.up.forward(x.clone()));
+        let y = net.norm.forward(net.down.forward(h) + x.clone());
+        let loss = (y.clone() * y.clone().sin()).sum();
+        let grads = loss.backward();
+        let f = |t: Tensor<B::InnerBackend, 1>| t.into_data().convert::<f32>().to_vec::<f32>().unwrap();
+        vec![
+            f(y.inner().flatten(0, 2)),
+            f(x.grad(&grads).unwrap().flatten(0, 2)),
+            f(net.up.weight.grad(&grads).unwrap().flatten(0, 1)),
+            f(net.up.bias.as_ref().unwrap().grad(&grads).unwrap()),
+            f(net.down.weight.grad(&grads).unwrap().flatten(0, 1)),
+            f(net.norm.gamma.grad(&grads).unwrap()),
+        ]
+    }
+    let ours = run::<Autodiff<FastFlex>>();
+    let flex = run::<Autodiff<Flex>>();
+    let names = ["y", "∂x", "∂up.weight", "∂up.bias", "∂down.weight", "∂norm.gamma"];
+    for ((got, want), name) in ours.into_iter().zip(flex).zip(names) {
+        let n = got.len();
+        assert_close_within(TensorData::new(got, [n]), TensorData::new(want, [n]), 1e-4, name);
+    }
+}
+
+/// The same model in `bf16` takes FastFlex's kernels (not Flex's `f64` copies): its
+/// gradients within `bf16` precision of the `f32` ones.
+#[test]
+fn bf16_training_follows_f32() {
+    let _serial = serial();
+    type AB = Autodiff<FastFlex>;
+    <AB as Backend>::seed(&DEVICE, 9);
+    let up = LinearConfig::new(32, 48).init::<AB>(&DEVICE);
+    draw_params(&up);
+    let x = Tensor::<AB, 3>::random([2, 9, 32], Distribution::Default, &DEVICE);
+    let run = |dtype: DType| {
+        let up = up.clone().map(&mut Cast(dtype));
+        let x = Tensor::<AB, 3>::from_inner(x.clone().inner().cast(dtype)).require_grad();
+        let y = gelu(up.forward(x.clone()));
+        let grads = (y.clone() * y.clone()).sum().backward();
+        let gw = up.weight.grad(&grads).unwrap().cast(DType::F32);
+        let gb = up.bias.as_ref().unwrap().grad(&grads).unwrap().cast(DType::F32);
+        (y.inner().cast(DType::F32).flatten::<1>(0, 2), gw.flatten::<1>(0, 1), gb)
+    };
+    let (y16, w16, b16) = run(DType::BF16);
+    let (y32, w32, b32) = run(DType::F32);
+    for (what, got, want) in [("y", y16, y32), ("∂w", w16, w32), ("∂b", b16, b32)] {
+        let scale = want.clone().abs().max().into_scalar();
+        let gap = (got - want).abs().max().into_scalar();
+        assert!(gap <= 16.0 * 2f32.powi(-7) * scale, "{what}: {gap} of {scale}");
+    }
+}
+
+/// GELU and its backward in `f32`: Flex's (libm's `erff`) within the vectorised `erf`'s
+/// `1.5e-7`, on a contiguous and a transposed input.
+#[test]
+fn gelu_matches_flex() {
+    let (a, a32) = both([67, 45], 20);
+    let a = a * 6.0;
+    let a32 = a32 * 6.0;
+    close(gelu(a.clone()), gelu(a32.clone()), 1e-6, "gelu");
+    close(gelu(a.clone().transpose()), gelu(a32.clone().transpose()), 1e-6, "gelu transposed");
+    let x = Tensor::<Autodiff<FastFlex>, 2>::from_inner(a).require_grad();
+    let x32 = Tensor::<Autodiff<Flex>, 2>::from_inner(a32).require_grad();
+    let g = gelu(x.clone()).sum().backward();
+    let g32 = gelu(x32.clone()).sum().backward();
+    close(x.grad(&g).unwrap(), x32.grad(&g32).unwrap(), 1e-6, "gelu backward");
+}
+
+/// GELU in `bf16` and `f16`: Flex's `f32` GELU of the same values, rounded, within one unit
+/// of the last place (the vectorised `erf` can move a value across a rounding boundary).
+#[test]
+fn half_gelu_is_within_one_rounding() {
+    for (dtype, ulp) in [(DType::BF16, 2f32.powi(-8)), (DType::F16, 2f32.powi(-11))] {
+        let (a, a32) = super::pair([37, 129], 21, dtype);
+        let got = gelu(a).cast(DType::F32).into_data().to_vec::<f32>().unwrap();
+        let want = gelu(a32).into_data().to_vec::<f32>().unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() <= 2.0 * ulp * w.abs() + 1e-6, "{dtype:?}: {g} against {w}");
+        }
+    }
+}
