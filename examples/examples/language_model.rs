@@ -111,8 +111,11 @@ struct Args {
     /// Dropout of the segment-checkpointing extra (whose point is reproducing the masks).
     #[arg(long, default_value_t = 0.1)]
     extras_dropout: f64,
-    /// Training runs in parallel (one per core; the memory and speed measurements run alone).
-    #[arg(long, default_value_t = 2)]
+    /// Training runs in parallel (the memory and speed measurements run alone). One by default:
+    /// Burn 0.21's autodiff graphs are not safe across threads that train at once (two runs
+    /// deadlock in its graph locator's cleanup; tracel-ai/burn#5573 is the same family), and
+    /// each run's operations use every core anyway.
+    #[arg(long, default_value_t = 1)]
     threads: usize,
     /// Data parallel across the processes of an MPI job (`mpirun -np N` on a build with
     /// `--features mpi`): each step of every run takes the ranks' slices of its batch and

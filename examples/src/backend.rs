@@ -5,6 +5,9 @@
 pub enum BackendKind {
     /// CPU, through Flex (Burn's pure-Rust CPU backend; f32, f16 and bf16).
     Flex,
+    /// CPU, through FastFlex (Flex with this project's kernels for the operations models
+    /// spend their time in: `linear`, activations, normalisation, attention).
+    Fast,
     /// CPU, through ndarray (f32 and f64).
     Ndarray,
     /// GPU (or a CPU Vulkan driver), through wgpu.
@@ -19,6 +22,7 @@ impl BackendKind {
     pub fn not_compiled(self) -> NotCompiled {
         let (what, feature) = match self {
             Self::Flex => ("`--backend flex`", "flex"),
+            Self::Fast => ("`--backend fast`", "flex"),
             Self::Ndarray => ("`--backend ndarray`", "ndarray"),
             Self::Wgpu => ("`--backend wgpu`", "wgpu"),
             Self::Cuda => ("`--backend cuda`", "cuda"),
@@ -30,6 +34,7 @@ impl BackendKind {
     pub fn name(self) -> &'static str {
         match self {
             Self::Flex => "flex",
+            Self::Fast => "fast",
             Self::Ndarray => "ndarray",
             Self::Wgpu => "wgpu",
             Self::Cuda => "cuda",
@@ -57,7 +62,7 @@ pub struct NotCompiled {
     pub feature: &'static str,
 }
 
-/// Runs `$body` with `$b` the Burn backend type of `$kind` (`Flex`, `NdArray`, `Wgpu`, `Cuda`); in a
+/// Runs `$body` with `$b` the Burn backend type of `$kind` (`Flex`, `FastFlex`, `NdArray`, `Wgpu`, `Cuda`); in a
 /// build without a backend's feature (`ndarray`, `wgpu`, `cuda`), asking for it makes the enclosing
 /// function return [`NotCompiled`], and `--backend wgpu` without a Vulkan (or Metal) driver
 /// returns the error of `require_wgpu` (both converted with `?`'s `From`).
@@ -67,6 +72,10 @@ macro_rules! with_backend {
         match $kind {
             $crate::backend::BackendKind::Flex => {
                 type $b = burn::backend::Flex;
+                $body
+            }
+            $crate::backend::BackendKind::Fast => {
+                type $b = burn_fast_cpu::FastFlex;
                 $body
             }
             #[cfg(feature = "ndarray")]
@@ -112,6 +121,10 @@ pub trait HalfCompute: burn::tensor::backend::Backend {
 
 impl HalfCompute for burn::backend::Flex {
     type Half = burn_fast_cpu::FastFlex;
+}
+
+impl HalfCompute for burn_fast_cpu::FastFlex {
+    type Half = Self;
 }
 
 #[cfg(feature = "ndarray")]
