@@ -1,5 +1,8 @@
 //! The activation a product applies as it stores its output.
 
+// `erf` and `exp`: branch-free polynomials (within an ulp) that the loops here vectorise.
+use crate::math::{erf, exp};
+
 /// The element-wise function a product applies to its output, `y = f(x·W + bias)`, as it
 /// stores each value: an activation after a layer is one more pass over its largest tensor,
 /// which costs no memory traffic inside the store. The CPU kernels here, the CubeCL kernels of
@@ -14,14 +17,14 @@ pub enum Activation {
     /// `f(z) = max(z, 0)`.
     Relu,
     /// The exact GELU, `f(z) = z·Φ(z)`, as Burn's `gelu` and PyTorch's default
-    /// (`approximate='none'`), with `erf` within `1.5e-7` (see
+    /// (`approximate='none'`), with `erf` within an ulp (see
     /// [`apply_f32`](Activation::apply_f32)).
     Gelu,
 }
 
 impl Activation {
-    /// `f` of one `f32` value. GELU's `erf` is Abramowitz and Stegun's 7.1.26 (within
-    /// `1.5e-7`, the approximation CubeCL's kernels use) on an `exp` of plain arithmetic, so
+    /// `f` of one `f32` value. GELU's `erf` is [`crate::math::erf`] (within an ulp; CubeCL's
+    /// kernels use Abramowitz and Stegun's 7.1.26, within `1.5e-7`), plain arithmetic, so
     /// that a loop of it vectorises: [`apply_to`](Self::apply_to).
     #[inline(always)]
     pub fn apply_f32(self, value: f32) -> f32 {
@@ -96,7 +99,13 @@ fn apply_each(activation: Activation, values: &mut [f32]) {
     match activation {
         Activation::Identity => {}
         Activation::Relu => values.iter_mut().for_each(|v| *v = v.max(0.0)),
-        Activation::Gelu => values.iter_mut().for_each(|v| *v = gelu(*v)),
+        // A `for` loop, not `for_each`: the adapter's `fold` is a separate function that
+        // the compiler may leave out of line, compiled without AVX-512.
+        Activation::Gelu => {
+            for v in values.iter_mut() {
+                *v = gelu(*v);
+            }
+        }
     }
 }
 
@@ -114,7 +123,12 @@ fn backward_each(activation: Activation, kept: &[f32], grad: &mut [f32]) {
     match activation {
         Activation::Identity => {}
         Activation::Relu => pairs.for_each(|(g, &y)| *g = if y > 0.0 { *g } else { 0.0 }),
-        Activation::Gelu => pairs.for_each(|(g, &z)| *g *= gelu_derivative(z)),
+        // A `for` loop, as in `apply_each`.
+        Activation::Gelu => {
+            for (g, &z) in pairs {
+                *g *= gelu_derivative(z);
+            }
+        }
     }
 }
 
@@ -124,48 +138,13 @@ fn gelu_derivative(z: f32) -> f32 {
     /// `1/√(2π)`.
     const INV_SQRT_2PI: f32 = 0.398_942_3;
     let cdf = 0.5 * (1.0 + erf(z * core::f32::consts::FRAC_1_SQRT_2));
-    cdf + z * INV_SQRT_2PI * exp_non_positive(-0.5 * z * z)
+    cdf + z * INV_SQRT_2PI * exp(-0.5 * z * z)
 }
 
 /// The exact GELU with [`erf`].
 #[inline(always)]
 fn gelu(value: f32) -> f32 {
     0.5 * value * (1.0 + erf(value * core::f32::consts::FRAC_1_SQRT_2))
-}
-
-/// `erf(x)` by Abramowitz and Stegun 7.1.26 (absolute error within `1.5e-7`).
-#[inline(always)]
-fn erf(x: f32) -> f32 {
-    let a = x.abs();
-    let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let poly = t
-        * (0.254_829_6
-            + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152 + t * 1.061_405_4))));
-    (1.0 - poly * exp_non_positive(-a * a)).copysign(x)
-}
-
-/// `eˣ` for `x ≤ 0` (relative error about `1e-7`; `0` below `−87`): `2ⁿ·e^r` with `n` the
-/// nearest integer to `x·log₂e` and `|r| ≤ ln2/2`, `e^r` by its Taylor series to the 7th
-/// power (remainder below `6e-9`), `2ⁿ` built in the exponent bits.
-#[inline(always)]
-fn exp_non_positive(x: f32) -> f32 {
-    let x = x.max(-87.0);
-    let n = (x * core::f32::consts::LOG2_E + 0.5).floor();
-    let r = x - n * core::f32::consts::LN_2;
-    let mut series = 1.0 / 5040.0;
-    for c in [
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ] {
-        series = series * r + c;
-    }
-    // n ≥ −126: a normal power of two.
-    series * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
 #[cfg(test)]

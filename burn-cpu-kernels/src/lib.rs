@@ -22,15 +22,27 @@
 //! - [`bf16`]: the `bf16` product ([`bf16::matmul`]) and its `f64` reference;
 //! - [`int8`]: quantized matrices and the `int8` product ([`int8::matmul`]);
 //! - [`mod@activation`]: the [`Activation`] a product applies as it stores its output;
+//! - [`attention`]: fused scaled-dot-product attention ([`attention::forward`]), Burn's semantics;
+//! - [`sgemm`]: the `f32` product with a fused bias and activation ([`sgemm::matmul`]);
+//! - [`math`]: `exp`, `erf`, `tanh` and the exact GELU over slices, vectorised (within an ulp);
+//! - [`softmax`]: softmax, log-softmax (masked as Burn's `mask_fill(−∞)`) and their backward
+//!   over rows;
+//! - [`layer_norm`]: layer normalisation over rows and its backward;
+//! - [`math::Isa`]: forces the portable path of those three for tests and benchmarks;
 //! - [`peak`]: this CPU's measured peak per kind of product, for benchmarks;
 //! - [`Features`], [`features`]: which instructions this CPU has, detected once;
 //! - [`MatRef`], [`gemm()`]: strided matrix views, and one `gemm` call on them.
 
 pub mod activation;
+pub mod attention;
 pub mod bf16;
 mod detect;
 pub mod int8;
+pub mod layer_norm;
+pub mod math;
 pub mod peak;
+pub mod sgemm;
+pub mod softmax;
 
 pub use activation::Activation;
 pub use detect::{Features, features};

@@ -7,7 +7,7 @@ use burn::tensor::{Bytes, DType};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use burn_cpu_kernels::Activation;
+use burn_cpu_kernels::{Activation, math};
 
 use super::convert::Half;
 
@@ -139,9 +139,24 @@ fn moved(layout: &Layout) -> Layout {
     Layout::contiguous(layout.shape().clone())
 }
 
-/// The exact GELU (Burn's `gelu`, erf within `1.5e-7`), vectorised.
+/// The exact GELU (Burn's `gelu`), on [`math::gelu_in_place`] (`erf` within 1 ulp).
 pub(super) fn gelu(tensor: &FlexTensor) -> Option<FlexTensor> {
-    unary(tensor, |values| Activation::Gelu.apply_to(values))
+    unary(tensor, math::gelu_in_place)
+}
+
+/// `eˣ` on [`math::exp_in_place`] (within 1 ulp).
+pub(super) fn exp(tensor: &FlexTensor) -> Option<FlexTensor> {
+    unary(tensor, math::exp_in_place)
+}
+
+/// `erf` on [`math::erf_in_place`] (within 1 ulp).
+pub(super) fn erf(tensor: &FlexTensor) -> Option<FlexTensor> {
+    unary(tensor, math::erf_in_place)
+}
+
+/// `tanh` on [`math::tanh_in_place`] (within 1.1 ulp).
+pub(super) fn tanh(tensor: &FlexTensor) -> Option<FlexTensor> {
+    unary(tensor, math::tanh_in_place)
 }
 
 /// GELU's backward, `grad · gelu'(x)`.

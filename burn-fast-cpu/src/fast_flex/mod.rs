@@ -10,11 +10,13 @@ use burn_backend::tensor::FloatTensor;
 use burn_backend::{Backend, BackendTypes, DTypeUsageSet, ExecutionError, FloatDType, TensorData};
 use half::{bf16, f16};
 
+mod attention;
 mod convert;
 mod elementwise;
 mod linear;
 mod matmul;
 mod ops;
+mod rows;
 
 /// Flex, with `bf16` and `f16` tensors computed at `f32`'s speed: Flex computes each half
 /// value through scalar conversions and multiplies `bf16` through `f32` copies. Its primitives
@@ -248,7 +250,7 @@ fn linear_bias_backward(output_grad: FloatTensor<FastFlex>) -> FloatTensor<FastF
     Flex::float_reshape(Flex::float_sum_dim(g, 0), burn::tensor::Shape::from(vec![n]))
 }
 
-/// The exact GELU, vectorised ([`Activation::Gelu`](burn_cpu_kernels::Activation::Gelu));
+/// The exact GELU, vectorised ([`math::gelu_in_place`](burn_cpu_kernels::math::gelu_in_place));
 /// Flex's calls a scalar `erff` per value. `f64` is Flex's.
 fn gelu(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
     use burn_backend::ops::ActivationOps;
@@ -259,4 +261,82 @@ fn gelu(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
 fn gelu_backward(x: FloatTensor<FastFlex>, grad: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
     use burn_backend::ops::ActivationOps;
     elementwise::gelu_backward(&x, &grad).unwrap_or_else(|| Flex::gelu_backward(x, grad))
+}
+
+/// Scaled-dot-product attention fused per block of queries
+/// ([`attention`](mod@attention)); other ranks and `f64` are Flex's.
+fn attention(
+    query: FloatTensor<FastFlex>,
+    key: FloatTensor<FastFlex>,
+    value: FloatTensor<FastFlex>,
+    mask: Option<burn_backend::tensor::BoolTensor<FastFlex>>,
+    attn_bias: Option<FloatTensor<FastFlex>>,
+    options: burn_backend::ops::AttentionModuleOptions,
+) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::ModuleOps;
+    if query.dtype() == DType::F16 {
+        let out = attention(
+            to_f32(query),
+            to_f32(key),
+            to_f32(value),
+            mask,
+            attn_bias.map(to_f32),
+            options,
+        );
+        return from_f32(out, FloatDType::F16);
+    }
+    attention::forward(&query, &key, &value, mask.as_ref(), attn_bias.as_ref(), &options)
+        .unwrap_or_else(|| Flex::attention(query, key, value, mask, attn_bias, options))
+}
+
+/// `eˣ`, vectorised; `f64` is Flex's.
+fn float_exp(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::FloatTensorOps;
+    elementwise::exp(&tensor).unwrap_or_else(|| Flex::float_exp(tensor))
+}
+
+/// `erf`, vectorised; `f64` is Flex's.
+fn float_erf(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::FloatTensorOps;
+    elementwise::erf(&tensor).unwrap_or_else(|| Flex::float_erf(tensor))
+}
+
+/// `tanh`, vectorised; `f64` is Flex's.
+fn float_tanh(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::FloatTensorOps;
+    elementwise::tanh(&tensor).unwrap_or_else(|| Flex::float_tanh(tensor))
+}
+
+/// Softmax over the last dimension on the row kernels ([`rows`](mod@rows)); other
+/// dimensions and `f64` are Flex's.
+fn softmax(tensor: FloatTensor<FastFlex>, dim: usize) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::ActivationOps;
+    rows::softmax(&tensor, dim).unwrap_or_else(|| via_f32_half(tensor, |t| Flex::softmax(t, dim)))
+}
+
+/// Log-softmax over the last dimension, as [`softmax`].
+fn log_softmax(tensor: FloatTensor<FastFlex>, dim: usize) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::ActivationOps;
+    rows::log_softmax(&tensor, dim)
+        .unwrap_or_else(|| via_f32_half(tensor, |t| Flex::log_softmax(t, dim)))
+}
+
+/// Layer normalisation over the last dimension on the row kernels; `f64` is Flex's.
+fn layer_norm(
+    tensor: FloatTensor<FastFlex>,
+    gamma: FloatTensor<FastFlex>,
+    beta: Option<FloatTensor<FastFlex>>,
+    epsilon: f64,
+) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::ModuleOps;
+    rows::layer_norm(&tensor, &gamma, beta.as_ref(), epsilon)
+        .unwrap_or_else(|| Flex::layer_norm(tensor, gamma, beta, epsilon))
+}
+
+/// Flex's `op` on `tensor`, through `f32` for a half-precision tensor (rounded once).
+fn via_f32_half(tensor: FlexTensor, op: impl FnOnce(FlexTensor) -> FlexTensor) -> FlexTensor {
+    match half_dtype(&[&tensor]) {
+        Some(dtype) => from_f32(op(to_f32(tensor)), dtype),
+        None => op(tensor),
+    }
 }

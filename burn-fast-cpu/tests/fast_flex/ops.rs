@@ -198,16 +198,160 @@ fn gelu_matches_flex() {
     close(x.grad(&g).unwrap(), x32.grad(&g32).unwrap(), 1e-6, "gelu backward");
 }
 
-/// GELU in `bf16` and `f16`: Flex's `f32` GELU of the same values, rounded, within one unit
-/// of the last place (the vectorised `erf` can move a value across a rounding boundary).
+/// The vectorised functions in `bf16` and `f16`: Flex's `f32` result on the same values,
+/// rounded, within one unit of the last place (an `f32` result within 1 ulp of Flex's can
+/// round to the neighbouring half value); softmax and log-softmax over a transposed input.
 #[test]
-fn half_gelu_is_within_one_rounding() {
+fn half_math_is_within_one_rounding() {
+    use burn::tensor::activation::{log_softmax, softmax};
     for (dtype, ulp) in [(DType::BF16, 2f32.powi(-8)), (DType::F16, 2f32.powi(-11))] {
         let (a, a32) = super::pair([37, 129], 21, dtype);
-        let got = gelu(a).cast(DType::F32).into_data().to_vec::<f32>().unwrap();
-        let want = gelu(a32).into_data().to_vec::<f32>().unwrap();
-        for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() <= 2.0 * ulp * w.abs() + 1e-6, "{dtype:?}: {g} against {w}");
+        let (t, t32) = (a.clone().transpose(), a32.clone().transpose());
+        let cases: Vec<(&str, Tensor<FastFlex, 2>, Tensor<Flex, 2>)> = vec![
+            ("gelu", gelu(a.clone()), gelu(a32.clone())),
+            ("exp", a.clone().exp(), a32.clone().exp()),
+            ("erf", a.clone().erf(), a32.clone().erf()),
+            ("tanh", a.clone().tanh(), a32.clone().tanh()),
+            ("softmax", softmax(t.clone(), 1), softmax(t32.clone(), 1)),
+            ("log_softmax", log_softmax(a.clone(), 1), log_softmax(a32.clone(), 1)),
+            ("softmax, first dimension", softmax(a.clone(), 0), softmax(a32.clone(), 0)),
+        ];
+        for (what, got, want) in cases {
+            assert_eq!(got.dtype(), dtype, "{what}");
+            let got = got.cast(DType::F32).into_data().to_vec::<f32>().unwrap();
+            let want = want.into_data().to_vec::<f32>().unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 2.0 * ulp * w.abs() + 1e-6,
+                    "{dtype:?} {what}: {g} against {w}"
+                );
+            }
         }
     }
+}
+
+/// `f32` exp, erf, tanh, softmax, log-softmax and layer norm against Flex's, on contiguous,
+/// transposed and rank-4 inputs with rows of odd length, with and without `beta`.
+#[test]
+fn f32_math_and_rows_match_flex() {
+    use burn::tensor::activation::{log_softmax, softmax};
+    /// Burn's `layer_norm` op (what `nn::LayerNorm::forward` calls).
+    fn layer_norm<B: Backend, const D: usize>(
+        x: Tensor<B, D>,
+        gamma: Tensor<B, 1>,
+        beta: Option<Tensor<B, 1>>,
+        epsilon: f64,
+    ) -> Tensor<B, D> {
+        use burn::tensor::TensorPrimitive;
+        Tensor::from_primitive(TensorPrimitive::Float(B::layer_norm(
+            x.into_primitive().tensor(),
+            gamma.into_primitive().tensor(),
+            beta.map(|b| b.into_primitive().tensor()),
+            epsilon,
+        )))
+    }
+    let (a, a32) = both([2, 3, 17, 45], 50);
+    let (a, a32) = (a * 4.0, a32 * 4.0);
+    close(a.clone().exp(), a32.clone().exp(), 1e-6, "exp");
+    close(a.clone().erf(), a32.clone().erf(), 1e-6, "erf");
+    close(a.clone().tanh(), a32.clone().tanh(), 1e-6, "tanh");
+    close(softmax(a.clone(), 3), softmax(a32.clone(), 3), 1e-6, "softmax");
+    close(softmax(a.clone().swap_dims(2, 3), 3), softmax(a32.clone().swap_dims(2, 3), 3), 1e-6, "softmax transposed");
+    close(softmax(a.clone(), 1), softmax(a32.clone(), 1), 1e-6, "softmax, dimension 1");
+    close(log_softmax(a.clone(), 3), log_softmax(a32.clone(), 3), 1e-6, "log_softmax");
+    let (g, g32) = both([45], 51);
+    let (b, b32) = both([45], 52);
+    close(
+        layer_norm(a.clone(), g.clone(), Some(b.clone()), 1e-5),
+        layer_norm(a32.clone(), g32.clone(), Some(b32.clone()), 1e-5),
+        1e-5,
+        "layer_norm",
+    );
+    close(
+        layer_norm(a.clone().swap_dims(0, 1), g, None, 1e-12),
+        layer_norm(a32.clone().swap_dims(0, 1), g32, None, 1e-12),
+        1e-5,
+        "layer_norm permuted, no beta",
+    );
+    // A constant row: zero variance, the output is beta.
+    let flat = Tensor::<FastFlex, 2>::ones([3, 45], &DEVICE);
+    let flat32 = Tensor::<Flex, 2>::ones([3, 45], &DEVICE);
+    close(
+        layer_norm(flat, b.clone() * 0.0 + 1.0, Some(b), 1e-5),
+        layer_norm(flat32, b32.clone() * 0.0 + 1.0, Some(b32), 1e-5),
+        1e-6,
+        "layer_norm of a constant row",
+    );
+}
+
+/// Burn's `attention` op against Flex's own: heads split from `[b, s, h, d]` by a
+/// permutation (strided operands), a padding mask `[b, 1, 1, sk]` expanded over heads and
+/// queries, causal with more keys than queries, an additive bias, a softcap, and a row whose
+/// every key is masked (zeros in both); `bf16` within its rounding of the `f32` result.
+#[test]
+fn attention_matches_flex() {
+    use burn::tensor::module::attention;
+    use burn::tensor::ops::AttentionModuleOptions;
+    use burn::tensor::{Bool, Tensor as T};
+    let (b, h, sq, sk, d) = (2, 3, 5, 7, 8);
+    let (q, q32) = both([b, sq, h, d], 30);
+    let (k, k32) = both([b, sk, h, d], 31);
+    let (v, v32) = both([b, sk, h, d], 32);
+    let split = |t: Tensor<FastFlex, 4>| t.swap_dims(1, 2);
+    let split32 = |t: Tensor<Flex, 4>| t.swap_dims(1, 2);
+    let pad: Vec<bool> = (0..b * sk).map(|i| i % sk >= 5 && i / sk == 1).collect();
+    let mask = T::<FastFlex, 4, Bool>::from_data(TensorData::new(pad.clone(), [b, 1, 1, sk]), &DEVICE)
+        .expand([b, h, sq, sk]);
+    let mask32 = T::<Flex, 4, Bool>::from_data(TensorData::new(pad, [b, 1, 1, sk]), &DEVICE)
+        .expand([b, h, sq, sk]);
+    let (bias, bias32) = both([b, h, sq, sk], 33);
+    let cases = [
+        ("plain", None, false, None),
+        ("causal", None, true, None),
+        ("softcap and scale", Some(0.7), false, Some(1.5)),
+    ];
+    for (what, softcap, causal, scale) in cases {
+        let options = AttentionModuleOptions { scale, softcap, is_causal: causal };
+        for masked in [false, true] {
+            let got = attention(
+                split(q.clone()),
+                split(k.clone()),
+                split(v.clone()),
+                masked.then(|| mask.clone()),
+                masked.then(|| bias.clone()),
+                options,
+            );
+            let want = attention(
+                split32(q32.clone()),
+                split32(k32.clone()),
+                split32(v32.clone()),
+                masked.then(|| mask32.clone()),
+                masked.then(|| bias32.clone()),
+                options,
+            );
+            close(got, want, 1e-5, &format!("{what}, masked {masked}"));
+        }
+    }
+    // Every key masked for the second sequence: zeros, as Flex's.
+    let all = T::<FastFlex, 4, Bool>::from_data(
+        TensorData::new((0..b * sk).map(|i| i / sk == 1).collect::<Vec<_>>(), [b, 1, 1, sk]),
+        &DEVICE,
+    );
+    let all32 = T::<Flex, 4, Bool>::from_data(all.clone().into_data(), &DEVICE);
+    let options = AttentionModuleOptions::default();
+    close(
+        attention(split(q.clone()), split(k.clone()), split(v.clone()), Some(all), None, options),
+        attention(split32(q32.clone()), split32(k32.clone()), split32(v32.clone()), Some(all32), None, options),
+        1e-5,
+        "fully masked rows",
+    );
+    // bf16: the f32 result of the same (rounded) inputs, within bf16's rounding.
+    let half = |t: &Tensor<FastFlex, 4>| split(t.clone()).cast(DType::BF16);
+    let got = attention(half(&q), half(&k), half(&v), None, None, AttentionModuleOptions::default());
+    assert_eq!(got.dtype(), DType::BF16);
+    let exact = |t: &Tensor<FastFlex, 4>| split(t.clone()).cast(DType::BF16).cast(DType::F32);
+    let want = attention(exact(&q), exact(&k), exact(&v), None, None, AttentionModuleOptions::default());
+    let gap = (got.cast(DType::F32) - want.clone()).abs().max().into_scalar();
+    let scale = want.abs().max().into_scalar();
+    assert!(gap <= 2f32.powi(-8) * scale, "bf16: {gap} of {scale}");
 }

@@ -123,6 +123,13 @@ const FAST_OWN: &[&str] = &[
     "linear_bias_backward",
     "gelu",
     "gelu_backward",
+    "attention",
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "float_exp",
+    "float_erf",
+    "float_tanh",
 ];
 
 /// The operations `FastFlex` runs in `f32` for `bf16` and `f16` tensors: arithmetic,

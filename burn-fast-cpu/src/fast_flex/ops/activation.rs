@@ -92,17 +92,11 @@ impl ActivationOps<Self> for FastFlex {
     }
 
     fn softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return super::from_f32(Flex::softmax(super::to_f32(tensor), dim), dtype);
-        }
-        Flex::softmax(tensor, dim)
+        super::softmax(tensor, dim)
     }
 
     fn log_softmax(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return super::from_f32(Flex::log_softmax(super::to_f32(tensor), dim), dtype);
-        }
-        Flex::log_softmax(tensor, dim)
+        super::log_softmax(tensor, dim)
     }
 
     fn softmin(tensor: FloatTensor<Self>, dim: usize) -> FloatTensor<Self> {

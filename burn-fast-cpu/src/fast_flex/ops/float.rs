@@ -514,10 +514,7 @@ impl FloatTensorOps<Self> for FastFlex {
     }
 
     fn float_exp(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return super::from_f32(Flex::float_exp(super::to_f32(tensor)), dtype);
-        }
-        Flex::float_exp(tensor)
+        super::float_exp(tensor)
     }
 
     fn float_log(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -619,10 +616,7 @@ impl FloatTensorOps<Self> for FastFlex {
     }
 
     fn float_tanh(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return super::from_f32(Flex::float_tanh(super::to_f32(tensor)), dtype);
-        }
-        Flex::float_tanh(tensor)
+        super::float_tanh(tensor)
     }
 
     fn float_acos(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -706,10 +700,7 @@ impl FloatTensorOps<Self> for FastFlex {
     }
 
     fn float_erf(tensor: FloatTensor<Self>) -> FloatTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&tensor]) {
-            return super::from_f32(Flex::float_erf(super::to_f32(tensor)), dtype);
-        }
-        Flex::float_erf(tensor)
+        super::float_erf(tensor)
     }
 
     fn float_cat(tensors: Vec<FloatTensor<Self>>, dim: usize) -> FloatTensor<Self> {

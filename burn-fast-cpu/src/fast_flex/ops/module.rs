@@ -264,7 +264,7 @@ impl ModuleOps<Self> for FastFlex {
         attn_bias: Option<FloatTensor<Self>>,
         options: AttentionModuleOptions,
     ) -> FloatTensor<Self> {
-        Flex::attention(query, key, value, mask, attn_bias, options)
+        super::attention(query, key, value, mask, attn_bias, options)
     }
 
     fn layer_norm(
@@ -273,7 +273,7 @@ impl ModuleOps<Self> for FastFlex {
         beta: Option<FloatTensor<Self>>,
         epsilon: f64,
     ) -> FloatTensor<Self> {
-        Flex::layer_norm(tensor, gamma, beta, epsilon)
+        super::layer_norm(tensor, gamma, beta, epsilon)
     }
 
     fn rfft(

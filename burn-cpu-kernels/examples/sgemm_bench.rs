@@ -1,0 +1,159 @@
+//! Times [`sgemm::matmul`] (operands as given, the right one packed at each call) and
+//! [`sgemm::matmul_packed`] (packed once, as a backend caches an inference weight) against
+//! one `gemm` 0.19 call (what Flex multiplies with) on rayon's pool, at the shapes of a
+//! BERT-base-sized encoder's dense layers (hidden 384, feed-forward 1536, 4096 or 3584 tokens,
+//! or 16 tokens for batch-1 inference) and the weight gradient `xᵀ·g`. Each point is the best
+//! of several runs (a shared machine's neighbours can only slow a run down); the last column
+//! is the best of the three as a fraction of [`peak::measure`]'s `f32` peak on the same
+//! threads.
+//!
+//! ```text
+//! RAYON_NUM_THREADS=2 cargo run --release -p burn-cpu-kernels --example sgemm_bench [-- --json]
+//! ```
+
+use std::time::Instant;
+
+use burn_cpu_kernels::peak::{self, Arithmetic};
+use burn_cpu_kernels::sgemm::{self, Epilogue, PackedRhs};
+use burn_cpu_kernels::{MatRef, gemm};
+
+/// `(m, k, n, lhs transposed)`.
+const SHAPES: &[(usize, usize, usize, bool)] = &[
+    (4096, 384, 384, false),
+    (4096, 384, 1152, false),
+    (4096, 384, 1536, false),
+    (4096, 1536, 384, false),
+    (3584, 384, 1536, false),
+    (16, 384, 384, false),
+    (16, 384, 1536, false),
+    (16, 1536, 384, false),
+    (384, 4096, 1536, true),
+];
+
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// `struct timespec` of Linux on 64 bits.
+#[repr(C)]
+struct Timespec {
+    seconds: i64,
+    nanoseconds: i64,
+}
+
+unsafe extern "C" {
+    fn clock_gettime(clock: i32, time: *mut Timespec) -> i32;
+}
+
+/// Seconds of CPU time this process has used (`CLOCK_PROCESS_CPUTIME_ID`): with one worker
+/// thread (`RAYON_NUM_THREADS=1`, the caller asleep while it works), a measure that other
+/// processes on a shared machine cannot inflate by taking the core away.
+fn cpu_seconds() -> f64 {
+    let mut t = Timespec {
+        seconds: 0,
+        nanoseconds: 0,
+    };
+    // SAFETY: a valid clock id and a `timespec` to write to.
+    unsafe { clock_gettime(2, &mut t) };
+    t.seconds as f64 + t.nanoseconds as f64 * 1e-9
+}
+
+/// Wall-clock seconds, or CPU seconds under `--cpu` (see [`cpu_seconds`]).
+fn now() -> f64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    if std::env::args().any(|a| a == "--cpu") {
+        cpu_seconds()
+    } else {
+        START.get_or_init(Instant::now).elapsed().as_secs_f64()
+    }
+}
+
+/// The best time of each of `runs`, interleaved (one run of each in turn, so that a
+/// neighbour's burst of work slows them alike) over about `budget` seconds, at least 5 rounds.
+fn best<const N: usize>(budget: f64, runs: &mut [&mut dyn FnMut(); N]) -> [f64; N] {
+    runs.iter_mut().for_each(|f| f());
+    let (start, mut best, mut rounds) = (Instant::now(), [f64::INFINITY; N], 0);
+    while rounds < 5 || (start.elapsed().as_secs_f64() < budget && rounds < 500) {
+        for (f, best) in runs.iter_mut().zip(&mut best) {
+            let t = now();
+            f();
+            *best = best.min(now() - t);
+        }
+        rounds += 1;
+    }
+    best
+}
+
+fn main() {
+    let json = std::env::args().any(|a| a == "--json");
+    let threads = rayon::current_num_threads();
+    let peak = peak::measure(Arithmetic::F32, threads).unwrap_or(f64::NAN) / 1e9;
+    let peak1 = peak::measure(Arithmetic::F32, 1).unwrap_or(f64::NAN) / 1e9;
+    if !json {
+        println!("f32 peak: {peak:.0} GFLOP/s on {threads} threads, {peak1:.0} on 1");
+        println!(
+            "| m×k×n | gemm 0.19 | sgemm | sgemm packed | best / peak |\n|---|---|---|---|---|"
+        );
+    }
+    let mut rows = Vec::new();
+    // `--only MxKxN` (repeatable) keeps those shapes.
+    let args: Vec<String> = std::env::args().collect();
+    let only: Vec<&str> = args
+        .windows(2)
+        .filter(|w| w[0] == "--only")
+        .map(|w| w[1].as_str())
+        .collect();
+    for &(m, k, n, transposed) in SHAPES {
+        if !only.is_empty() && !only.contains(&format!("{m}x{k}x{n}").as_str()) {
+            continue;
+        }
+        let (a, b) = (values(m * k, 1), values(k * n, 2));
+        let lhs = if transposed {
+            MatRef::row_major(&a, k, m).t()
+        } else {
+            MatRef::row_major(&a, m, k)
+        };
+        let rhs = MatRef::row_major(&b, k, n);
+        let mut y = vec![0.0f32; m * n];
+        let flops = 2.0 * (m * k * n) as f64;
+        let budget: f64 = std::env::var("BENCH_SECONDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1.5);
+        let parallelism = gemm::Parallelism::Rayon(threads);
+        let e = Epilogue::default();
+        let packed = PackedRhs::pack(rhs);
+        let (mut y1, mut y2) = (y.clone(), y.clone());
+        let [t_gemm, t_sgemm, t_packed] = best(
+            budget,
+            &mut [
+                &mut || gemm(&mut y, n, lhs, rhs, 1.0, false, parallelism),
+                &mut || sgemm::matmul(&mut y1, n, lhs, rhs, e, true),
+                &mut || sgemm::matmul_packed(&mut y2, n, lhs, &packed, e, true),
+            ],
+        );
+        let [g0, g1, g2] = [t_gemm, t_sgemm, t_packed].map(|t| flops / t / 1e9);
+        let fraction = g0.max(g1).max(g2) / peak;
+        let shape = format!("{m}×{k}×{n}{}", if transposed { " (xᵀ·g)" } else { "" });
+        if json {
+            rows.push(format!(
+                "{{\"shape\":\"{shape}\",\"m\":{m},\"k\":{k},\"n\":{n},\"lhs_transposed\":{transposed},\
+                 \"gemm_gflops\":{g0:.1},\"sgemm_gflops\":{g1:.1},\"sgemm_packed_gflops\":{g2:.1},\
+                 \"peak_gflops\":{peak:.1},\"fraction_of_peak\":{fraction:.3}}}"
+            ));
+        } else {
+            println!("| {shape} | {g0:.0} | {g1:.0} | {g2:.0} | {:.0}% |", 100.0 * fraction);
+        }
+    }
+    if json {
+        println!("[{}]", rows.join(",\n"));
+    }
+}
