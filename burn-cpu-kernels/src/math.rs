@@ -73,22 +73,19 @@ fn clamp_keep_nan(x: f32, low: f32, high: f32) -> f32 {
     if x > high { high } else { x }
 }
 
-/// `eˣ` ([module docs](self) for accuracy): `2ᵏ·eʳ` with `k` the nearest integer to
+/// `eˣ`'s reduction and polynomial, shared by [`exp_f`], [`exp_non_positive_f`] and
+/// [`tanh_f`]: `(k, eʳ)` with `eˣ = 2ᵏ·eʳ`, for `x` within `[−110, 89]` (a `NaN` gives a
+/// `NaN` `eʳ`); the callers build `2ᵏ` as suits their range. `k` is the nearest integer to
 /// `x·log₂e` (found by adding `1.5·2²³`, which leaves `k` in the low mantissa bits: no
-/// float-to-integer conversion), `r = x − k·ln2` in two parts (Cody–Waite, exact products),
-/// `eʳ = 1 + r + r²·P(r)` with Cephes' degree-5 `P`, and `2ᵏ` as two powers of two built in
-/// the exponent bits, so that overflow to `+∞` and denormal results come out of the final
-/// multiplies without a branch.
+/// float-to-integer conversion, which would saturate lane by lane), `r = x − k·ln2` in two
+/// parts (Cody–Waite, exact products), and `eʳ = 1 + r + r²·P(r)` with Cephes' degree-5 `P`.
 #[inline(always)]
-pub(crate) fn exp_f<const FMA: bool>(x: f32) -> f32 {
+fn exp_parts<const FMA: bool>(x: f32) -> (i32, f32) {
     /// `1.5·2²³`: adding it rounds to an integer held in the low mantissa bits.
     const SHIFTER: f32 = 12_582_912.0;
     /// `ln2`'s first 9 bits (`k·LN2_HI` is exact for `|k| < 2¹⁵`) and the rest.
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    // Below −110 every result is 0 and above 89 every result is +∞; the clamp keeps `k`
-    // within the two powers of two.
-    let x = clamp_keep_nan(x, -110.0, 89.0);
     let shifted = mul_add::<FMA>(x, core::f32::consts::LOG2_E, SHIFTER);
     let k = shifted - SHIFTER;
     let r = mul_add::<FMA>(k, -LN2_HI, x);
@@ -99,13 +96,51 @@ pub(crate) fn exp_f<const FMA: bool>(x: f32) -> f32 {
     p = mul_add::<FMA>(p, r, 4.166_579_6e-2);
     p = mul_add::<FMA>(p, r, 1.666_666_5e-1);
     p = mul_add::<FMA>(p, r, 0.5);
-    let e = mul_add::<FMA>(p, r * r, r) + 1.0;
-    // k ∈ [−159, 129], split in halves each in [−80, 65]: normal powers of two.
     let k = (shifted.to_bits() as i32).wrapping_sub(SHIFTER.to_bits() as i32);
+    (k, mul_add::<FMA>(p, r * r, r) + 1.0)
+}
+
+/// `2ᵏ` for `−126 ≤ k ≤ 127`, built in the exponent bits.
+#[inline(always)]
+fn pow2(k: i32) -> f32 {
+    f32::from_bits((k.wrapping_add(127) as u32) << 23)
+}
+
+/// `eˣ` ([module docs](self) for accuracy): `2ᵏ·eʳ` from [`exp_parts`], with `2ᵏ` as two
+/// powers of two, so that overflow to `+∞` and denormal results come out of the final
+/// multiplies without a branch.
+#[inline(always)]
+pub(crate) fn exp_f<const FMA: bool>(x: f32) -> f32 {
+    // Below −110 every result is 0 and above 89 every result is +∞; the clamp keeps `k`
+    // within the two powers of two.
+    let x = clamp_keep_nan(x, -110.0, 89.0);
+    let (k, e) = exp_parts::<FMA>(x);
+    // k ∈ [−159, 129], split in halves each in [−80, 65]: normal powers of two.
     let k_low = k >> 1;
     let k_high = k.wrapping_sub(k_low);
-    let power = |k: i32| f32::from_bits((k.wrapping_add(127) as u32) << 23);
-    e * power(k_low) * power(k_high)
+    e * pow2(k_low) * pow2(k_high)
+}
+
+/// Below this, `eˣ` is not a normal `f32` (`ln` of [`f32::MIN_POSITIVE`] is `−87.3365`).
+const EXP_NORMAL_MIN: f32 = -87.33;
+
+/// `eˣ` for `x ≤ 0` (or `NaN`, kept), for softmax weights: [`exp_f`]'s value, bit for bit,
+/// where that is a normal `f32` (`x ≥ −87.33`), and `0` below (`−∞` included) rather than a
+/// denormal: producing or multiplying denormals costs microcode assists (a row of scores
+/// reaching them took 3× as long). One power of two suffices there (`k ≥ −126`), and one
+/// clamp: a few instructions fewer than [`exp_f`].
+#[inline(always)]
+pub(crate) fn exp_non_positive_f<const FMA: bool>(x: f32) -> f32 {
+    // Not `max`: a NaN stays NaN.
+    let clamped = if x < EXP_NORMAL_MIN {
+        EXP_NORMAL_MIN
+    } else {
+        x
+    };
+    let (k, e) = exp_parts::<FMA>(clamped);
+    // An exact product: 2ᵏ·eʳ is normal for x ≥ −87.33.
+    let e = e * pow2(k);
+    if x < EXP_NORMAL_MIN { 0.0 } else { e }
 }
 
 /// `erf(x)` ([module docs](self) for accuracy), after N. Juffa's vectorisable `erff`: for
@@ -157,10 +192,15 @@ pub(crate) fn tanh_f<const FMA: bool>(x: f32) -> f32 {
     ] {
         p = mul_add::<FMA>(p, s, c);
     }
-    let small = mul_add::<FMA>(p * s, x, x).copysign(x);
+    // Both branches on |x|, one sign at the end (rounding is symmetric).
+    let small = mul_add::<FMA>(p * s, a, a);
+    // e^(2t) with t ≤ 10: 2ᵏ·eʳ with k ≤ 29, one power of two and no clamp (the value of
+    // `exp_f(2t)`, whose two powers multiply exactly too).
     let t = if a > 10.0 { 10.0 } else { a };
-    let large = (1.0 - 2.0 / (exp_f::<FMA>(2.0 * t) + 1.0)).copysign(x);
-    if a < 0.625 { small } else { large }
+    let (k, e) = exp_parts::<FMA>(2.0 * t);
+    let e2t = e * pow2(k);
+    let large = 1.0 - 2.0 / (e2t + 1.0);
+    (if a < 0.625 { small } else { large }).copysign(x)
 }
 
 /// The exact GELU `x·Φ(x) = x·(1 + erf(x/√2))/2` with [`erf_f`].
@@ -414,6 +454,34 @@ mod tests {
         assert_eq!(exp(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp(f32::INFINITY), f32::INFINITY);
         assert_eq!(exp(0.0), 1.0);
+    }
+
+    /// Softmax weights: [`exp_f`] bit for bit where it is normal, `0` below, for both
+    /// choices of `FMA` (a call to `fmaf` here, with the same results as the instruction).
+    #[test]
+    fn exp_non_positive_is_exp_without_denormals() {
+        for i in 0..=200_000 {
+            let x = -(i as f32) / 2_000.0; // [−100, 0]
+            let pairs = [
+                (exp_non_positive_f::<false>(x), exp_f::<false>(x)),
+                (exp_non_positive_f::<true>(x), exp_f::<true>(x)),
+            ];
+            for (got, exp) in pairs {
+                if x >= EXP_NORMAL_MIN {
+                    assert!(exp.is_normal(), "{x}");
+                    assert_eq!(got.to_bits(), exp.to_bits(), "{x}");
+                } else {
+                    assert_eq!(got.to_bits(), 0, "{x}");
+                }
+            }
+        }
+        for exp in [exp_non_positive_f::<false>, exp_non_positive_f::<true>] {
+            assert_eq!(exp(0.0), 1.0);
+            assert_eq!(exp(-0.0), 1.0);
+            assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+            assert_eq!(exp(f32::MIN), 0.0);
+            assert!(exp(f32::NAN).is_nan());
+        }
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub mod backend;
 pub mod book;
 pub mod checkpoint;
 pub mod data;
+pub mod encoder;
 pub mod lm;
 pub mod mlp;
 pub mod mnist;

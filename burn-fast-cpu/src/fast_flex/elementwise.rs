@@ -15,17 +15,41 @@ use super::convert::Half;
 /// amortise rayon's scheduling.
 const PIECE: usize = 1 << 14;
 
-/// `op` applied in place to every value of `tensor` (as `f32`), or `None` for a type this
-/// module does not compute (`f64`: Flex's own operation runs).
+/// `op` applied in place to every value of `tensor` (as `f32`), in its own buffer when no
+/// other tensor shares it (an activation after a layer: no allocation, no page faults), or
+/// `Err(tensor)` for a type this module does not compute (`f64`: Flex's own operation runs).
 pub(super) fn unary(
-    tensor: &FlexTensor,
+    tensor: FlexTensor,
     op: impl Fn(&mut [f32]) + Sync,
-) -> Option<FlexTensor> {
-    let tensor = dense(tensor);
-    let layout = moved(tensor.layout());
+) -> Result<FlexTensor, FlexTensor> {
+    let dtype = tensor.dtype();
+    if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+        return Err(tensor);
+    }
+    let mut tensor = if tensor.layout().is_contiguous() {
+        tensor
+    } else {
+        tensor.to_contiguous()
+    };
     let start = tensor.layout().start_offset();
     let len = tensor.layout().num_elements();
-    Some(match tensor.dtype() {
+    let in_place = match dtype {
+        DType::F32 => tensor.try_storage_mut::<f32>().map(|values| {
+            let values = &mut values[start..start + len];
+            pieces_in_place(values, |piece| op(piece));
+        }),
+        DType::BF16 => tensor
+            .try_storage_mut::<bf16>()
+            .map(|values| half_in_place(&mut values[start..start + len], &op)),
+        _ => tensor
+            .try_storage_mut::<f16>()
+            .map(|values| half_in_place(&mut values[start..start + len], &op)),
+    };
+    if in_place.is_some() {
+        return Ok(tensor);
+    }
+    let layout = moved(tensor.layout());
+    Ok(match dtype {
         DType::F32 => {
             let src = &tensor.storage::<f32>()[start..start + len];
             let mut out = vec![0.0f32; len];
@@ -36,11 +60,11 @@ pub(super) fn unary(
             FlexTensor::new(Bytes::from_elems(out), layout, DType::F32)
         }
         DType::BF16 => half_unary::<bf16>(&tensor.storage::<bf16>()[start..start + len], layout, &op),
-        DType::F16 => half_unary::<f16>(&tensor.storage::<f16>()[start..start + len], layout, &op),
-        _ => return None,
+        _ => half_unary::<f16>(&tensor.storage::<f16>()[start..start + len], layout, &op),
     })
 }
 
+/// `op` on a copy of half values, a piece at a time through an `f32` scratch.
 fn half_unary<H: Half>(src: &[H], layout: Layout, op: &(impl Fn(&mut [f32]) + Sync)) -> FlexTensor {
     let mut out = vec![H::ZERO; src.len()];
     pieces(&mut out, src, |dst, src| {
@@ -50,6 +74,25 @@ fn half_unary<H: Half>(src: &[H], layout: Layout, op: &(impl Fn(&mut [f32]) + Sy
         H::narrow(&scratch, dst);
     });
     FlexTensor::new(Bytes::from_elems(out), layout, H::DTYPE)
+}
+
+/// `op` on half values in place, a piece at a time through an `f32` scratch.
+fn half_in_place<H: Half>(values: &mut [H], op: &(impl Fn(&mut [f32]) + Sync)) {
+    pieces_in_place(values, |piece| {
+        let mut scratch = vec![0.0f32; piece.len()];
+        H::widen(piece, &mut scratch);
+        op(&mut scratch);
+        H::narrow(&scratch, piece);
+    });
+}
+
+/// `f` over pieces of `values`, on rayon's threads when there are several.
+fn pieces_in_place<T: Send>(values: &mut [T], f: impl Fn(&mut [T]) + Sync) {
+    if values.len() <= PIECE {
+        f(values);
+    } else {
+        values.par_chunks_mut(PIECE).for_each(|piece| f(piece));
+    }
 }
 
 /// `op(a, b)` with `b` updated in place, over two tensors of one shape and type; `None`
@@ -124,38 +167,28 @@ fn pieces<S: Sync, D: Send>(dst: &mut [D], src: &[S], f: impl Fn(&mut [D], &[S])
     }
 }
 
-/// `tensor` itself where its values fill one span of its buffer in row-major order, else a
-/// contiguous copy.
-fn dense(tensor: &FlexTensor) -> FlexTensor {
-    if tensor.layout().is_contiguous() {
-        tensor.clone()
-    } else {
-        tensor.to_contiguous()
-    }
-}
-
 /// A contiguous layout of `layout`'s shape (the output's).
 fn moved(layout: &Layout) -> Layout {
     Layout::contiguous(layout.shape().clone())
 }
 
 /// The exact GELU (Burn's `gelu`), on [`math::gelu_in_place`] (`erf` within 1 ulp).
-pub(super) fn gelu(tensor: &FlexTensor) -> Option<FlexTensor> {
+pub(super) fn gelu(tensor: FlexTensor) -> Result<FlexTensor, FlexTensor> {
     unary(tensor, math::gelu_in_place)
 }
 
 /// `eˣ` on [`math::exp_in_place`] (within 1 ulp).
-pub(super) fn exp(tensor: &FlexTensor) -> Option<FlexTensor> {
+pub(super) fn exp(tensor: FlexTensor) -> Result<FlexTensor, FlexTensor> {
     unary(tensor, math::exp_in_place)
 }
 
 /// `erf` on [`math::erf_in_place`] (within 1 ulp).
-pub(super) fn erf(tensor: &FlexTensor) -> Option<FlexTensor> {
+pub(super) fn erf(tensor: FlexTensor) -> Result<FlexTensor, FlexTensor> {
     unary(tensor, math::erf_in_place)
 }
 
 /// `tanh` on [`math::tanh_in_place`] (within 1.1 ulp).
-pub(super) fn tanh(tensor: &FlexTensor) -> Option<FlexTensor> {
+pub(super) fn tanh(tensor: FlexTensor) -> Result<FlexTensor, FlexTensor> {
     unary(tensor, math::tanh_in_place)
 }
 

@@ -14,6 +14,7 @@ mod attention;
 mod convert;
 mod elementwise;
 mod linear;
+mod mask;
 mod matmul;
 mod ops;
 mod rows;
@@ -254,7 +255,7 @@ fn linear_bias_backward(output_grad: FloatTensor<FastFlex>) -> FloatTensor<FastF
 /// Flex's calls a scalar `erff` per value. `f64` is Flex's.
 fn gelu(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
     use burn_backend::ops::ActivationOps;
-    elementwise::gelu(&tensor).unwrap_or_else(|| Flex::gelu(tensor))
+    elementwise::gelu(tensor).unwrap_or_else(Flex::gelu)
 }
 
 /// GELU's backward, vectorised as [`gelu`].
@@ -292,33 +293,33 @@ fn attention(
 /// `eˣ`, vectorised; `f64` is Flex's.
 fn float_exp(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
     use burn_backend::ops::FloatTensorOps;
-    elementwise::exp(&tensor).unwrap_or_else(|| Flex::float_exp(tensor))
+    elementwise::exp(tensor).unwrap_or_else(Flex::float_exp)
 }
 
 /// `erf`, vectorised; `f64` is Flex's.
 fn float_erf(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
     use burn_backend::ops::FloatTensorOps;
-    elementwise::erf(&tensor).unwrap_or_else(|| Flex::float_erf(tensor))
+    elementwise::erf(tensor).unwrap_or_else(Flex::float_erf)
 }
 
 /// `tanh`, vectorised; `f64` is Flex's.
 fn float_tanh(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
     use burn_backend::ops::FloatTensorOps;
-    elementwise::tanh(&tensor).unwrap_or_else(|| Flex::float_tanh(tensor))
+    elementwise::tanh(tensor).unwrap_or_else(Flex::float_tanh)
 }
 
 /// Softmax over the last dimension on the row kernels ([`rows`](mod@rows)); other
 /// dimensions and `f64` are Flex's.
 fn softmax(tensor: FloatTensor<FastFlex>, dim: usize) -> FloatTensor<FastFlex> {
     use burn_backend::ops::ActivationOps;
-    rows::softmax(&tensor, dim).unwrap_or_else(|| via_f32_half(tensor, |t| Flex::softmax(t, dim)))
+    rows::softmax(tensor, dim).unwrap_or_else(|tensor| via_f32_half(tensor, |t| Flex::softmax(t, dim)))
 }
 
 /// Log-softmax over the last dimension, as [`softmax`].
 fn log_softmax(tensor: FloatTensor<FastFlex>, dim: usize) -> FloatTensor<FastFlex> {
     use burn_backend::ops::ActivationOps;
-    rows::log_softmax(&tensor, dim)
-        .unwrap_or_else(|| via_f32_half(tensor, |t| Flex::log_softmax(t, dim)))
+    rows::log_softmax(tensor, dim)
+        .unwrap_or_else(|tensor| via_f32_half(tensor, |t| Flex::log_softmax(t, dim)))
 }
 
 /// Layer normalisation over the last dimension on the row kernels; `f64` is Flex's.
@@ -329,8 +330,8 @@ fn layer_norm(
     epsilon: f64,
 ) -> FloatTensor<FastFlex> {
     use burn_backend::ops::ModuleOps;
-    rows::layer_norm(&tensor, &gamma, beta.as_ref(), epsilon)
-        .unwrap_or_else(|| Flex::layer_norm(tensor, gamma, beta, epsilon))
+    rows::layer_norm(tensor, &gamma, beta.as_ref(), epsilon)
+        .unwrap_or_else(|tensor| Flex::layer_norm(tensor, gamma, beta, epsilon))
 }
 
 /// Flex's `op` on `tensor`, through `f32` for a half-precision tensor (rounded once).
@@ -339,4 +340,17 @@ fn via_f32_half(tensor: FlexTensor, op: impl FnOnce(FlexTensor) -> FlexTensor) -
         Some(dtype) => from_f32(op(to_f32(tensor)), dtype),
         None => op(tensor),
     }
+}
+
+/// `mask_fill` reading a broadcast mask through its strides, in place where it can
+/// ([`mask`](mod@mask)); Flex copies the mask to the tensor's shape first.
+fn float_mask_fill(
+    tensor: FloatTensor<FastFlex>,
+    mask: burn_backend::tensor::BoolTensor<FastFlex>,
+    value: burn_backend::Scalar,
+) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::FloatTensorOps;
+    let fill = value.elem::<f64>();
+    mask::mask_fill(tensor, &mask, fill)
+        .unwrap_or_else(|tensor| Flex::float_mask_fill(tensor, mask, value))
 }

@@ -7,47 +7,76 @@ use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType};
 use half::{bf16, f16};
 
+use burn_cpu_kernels::math::Isa;
 use burn_cpu_kernels::{layer_norm, softmax};
+use rayon::prelude::*;
 
-use super::convert::{self, Half};
+use super::convert::Half;
 
-/// `f(src, dst, n)` over the rows of `tensor`'s last dimension (`n` values each), or `None`
-/// for `f64` (Flex's operation runs).
+/// Rows per piece: a piece (and a half piece's `f32` scratch) stays in cache.
+const ROWS: usize = 64;
+
+/// `f(rows, n)` in place over the rows of `tensor`'s last dimension (`n` values each): in
+/// the tensor's own buffer when no other tensor shares it (`f32`), a piece of rows at a time
+/// through an `f32` scratch for `bf16` and `f16`; `Err(tensor)` for `f64` or an empty tensor
+/// (Flex's operation runs).
 fn by_rows(
-    tensor: &FlexTensor,
-    f: impl Fn(&[f32], &mut [f32], usize),
-) -> Option<FlexTensor> {
+    tensor: FlexTensor,
+    f: impl Fn(&mut [f32], usize) + Sync,
+) -> Result<FlexTensor, FlexTensor> {
     let dtype = tensor.dtype();
-    if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
-        return None;
+    let n = tensor.layout().shape().last().copied().unwrap_or(0);
+    if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+        || n == 0
+        || tensor.layout().num_elements() == 0
+    {
+        return Err(tensor);
     }
-    let shape = tensor.layout().shape().clone();
-    let n = *shape.last()?;
-    let layout = Layout::contiguous(shape);
-    let len = layout.num_elements();
-    if len == 0 {
-        return None;
-    }
-    let contiguous = tensor.to_contiguous();
-    let start = contiguous.layout().start_offset();
-    let mut out = vec![0.0f32; len];
+    let mut tensor = if tensor.is_unique() && tensor.layout().is_contiguous() {
+        tensor
+    } else {
+        // A copy of our own to overwrite (`to_contiguous` hands back the shared buffer of a
+        // tensor that is contiguous already).
+        let shape = tensor.layout().shape().clone();
+        let copy = tensor.to_contiguous();
+        let (start, len) = (copy.layout().start_offset(), copy.layout().num_elements());
+        let bytes = match dtype {
+            DType::F32 => Bytes::from_elems(copy.storage::<f32>()[start..start + len].to_vec()),
+            DType::BF16 => Bytes::from_elems(copy.storage::<bf16>()[start..start + len].to_vec()),
+            _ => Bytes::from_elems(copy.storage::<f16>()[start..start + len].to_vec()),
+        };
+        FlexTensor::new(bytes, Layout::contiguous(shape), dtype)
+    };
+    let start = tensor.layout().start_offset();
+    let len = tensor.layout().num_elements();
     match dtype {
-        DType::F32 => f(&contiguous.storage::<f32>()[start..start + len], &mut out, n),
-        DType::BF16 => f(&widened::<bf16>(&contiguous, start, len), &mut out, n),
-        _ => f(&widened::<f16>(&contiguous, start, len), &mut out, n),
+        DType::F32 => {
+            let values = tensor.try_storage_mut::<f32>().expect("held alone");
+            values[start..start + len]
+                .par_chunks_mut(n * ROWS)
+                .for_each(|piece| f(piece, n));
+        }
+        DType::BF16 => {
+            let values = tensor.try_storage_mut::<bf16>().expect("held alone");
+            half_rows(&mut values[start..start + len], n, &f);
+        }
+        _ => {
+            let values = tensor.try_storage_mut::<f16>().expect("held alone");
+            half_rows(&mut values[start..start + len], n, &f);
+        }
     }
-    let out = FlexTensor::new(Bytes::from_elems(out), layout, DType::F32);
-    Some(match dtype {
-        DType::BF16 => convert::narrow::<bf16>(&out),
-        DType::F16 => convert::narrow::<f16>(&out),
-        _ => out,
-    })
+    Ok(tensor)
 }
 
-fn widened<H: Half>(tensor: &FlexTensor, start: usize, len: usize) -> Vec<f32> {
-    let mut values = vec![0.0f32; len];
-    H::widen(&tensor.storage::<H>()[start..start + len], &mut values);
-    values
+/// `f` over pieces of [`ROWS`] rows of half values, each widened into a scratch, computed and
+/// rounded back, on rayon's threads.
+fn half_rows<H: Half>(values: &mut [H], n: usize, f: &(impl Fn(&mut [f32], usize) + Sync)) {
+    values.par_chunks_mut(n * ROWS).for_each(|piece| {
+        let mut scratch = vec![0.0f32; piece.len()];
+        H::widen(piece, &mut scratch);
+        f(&mut scratch, n);
+        H::narrow(&scratch, piece);
+    });
 }
 
 /// A 1-D parameter (`gamma`, `beta`) as `f32` values.
@@ -57,38 +86,42 @@ fn parameter(tensor: &FlexTensor) -> Vec<f32> {
     t.storage::<f32>()[start..start + t.layout().num_elements()].to_vec()
 }
 
-/// Softmax over `dim`, vectorised where `dim` is the last; `None` where Flex's runs.
-pub(super) fn softmax(tensor: &FlexTensor, dim: usize) -> Option<FlexTensor> {
+/// Softmax over `dim`, vectorised where `dim` is the last; `Err(tensor)` where Flex's runs.
+pub(super) fn softmax(tensor: FlexTensor, dim: usize) -> Result<FlexTensor, FlexTensor> {
     if dim + 1 != tensor.layout().num_dims() {
-        return None;
+        return Err(tensor);
     }
-    by_rows(tensor, softmax::softmax_rows)
+    by_rows(tensor, softmax::softmax_rows_in_place)
 }
 
 /// Log-softmax over `dim`, as [`softmax`].
-pub(super) fn log_softmax(tensor: &FlexTensor, dim: usize) -> Option<FlexTensor> {
+pub(super) fn log_softmax(tensor: FlexTensor, dim: usize) -> Result<FlexTensor, FlexTensor> {
     if dim + 1 != tensor.layout().num_dims() {
-        return None;
+        return Err(tensor);
     }
-    by_rows(tensor, softmax::log_softmax_rows)
+    by_rows(tensor, |rows, n| {
+        softmax::forward_rows_on(Isa::Detected, true, None, rows, n, None);
+    })
 }
 
-/// Layer normalisation over the last dimension, one pass per row for the statistics and one
-/// for the output (biased variance, as Burn's and PyTorch's).
+/// Layer normalisation over the last dimension: per row, one pass for the statistics and one
+/// for the output (biased variance, as Burn's and PyTorch's); `Err(tensor)` where Flex's
+/// runs (`f64`, parameters of another length).
 pub(super) fn layer_norm(
-    tensor: &FlexTensor,
+    tensor: FlexTensor,
     gamma: &FlexTensor,
     beta: Option<&FlexTensor>,
     epsilon: f64,
-) -> Option<FlexTensor> {
-    let n = *tensor.layout().shape().last()?;
+) -> Result<FlexTensor, FlexTensor> {
+    let n = tensor.layout().shape().last().copied().unwrap_or(0);
     if gamma.layout().num_elements() != n || beta.is_some_and(|b| b.layout().num_elements() != n)
     {
-        return None;
+        return Err(tensor);
     }
     let gamma = parameter(gamma);
     let beta = beta.map(parameter);
-    by_rows(tensor, |x, y, n| {
-        layer_norm::layer_norm_rows(x, &gamma, beta.as_deref(), epsilon as f32, y, n, None);
+    by_rows(tensor, |rows, n| {
+        let x = rows.to_vec();
+        layer_norm::layer_norm_rows(&x, &gamma, beta.as_deref(), epsilon as f32, rows, n, None);
     })
 }

@@ -355,3 +355,44 @@ fn attention_matches_flex() {
     let scale = want.abs().max().into_scalar();
     assert!(gap <= 2f32.powi(-8) * scale, "bf16: {gap} of {scale}");
 }
+
+/// `mask_fill` with a padding mask broadcast over heads and queries, a full mask read
+/// transposed, and a mask of the tensor's shape, in `f32`, `bf16` and `f16`: Flex's values
+/// exactly. The operations that write into a tensor's own buffer when no other tensor holds
+/// it (`mask_fill`, the activations, softmax) leave a tensor that is still held unchanged.
+#[test]
+fn mask_fill_and_in_place_operations_match_flex() {
+    use burn::tensor::activation::softmax;
+    use burn::tensor::Bool;
+    let (b, h, s) = (2, 3, 9);
+    let (x, x32) = both([b, h, s, s], 70);
+    let pad: Vec<bool> = (0..b * s).map(|i| i % s >= 6 - i / s).collect();
+    let pad_ours = Tensor::<FastFlex, 4, Bool>::from_data(TensorData::new(pad.clone(), [b, 1, 1, s]), &DEVICE);
+    let pad_flex = Tensor::<Flex, 4, Bool>::from_data(TensorData::new(pad, [b, 1, 1, s]), &DEVICE);
+    let full: Vec<bool> = (0..b * h * s * s).map(|i| (i * 7) % 5 == 0).collect();
+    let full_ours = Tensor::<FastFlex, 4, Bool>::from_data(TensorData::new(full.clone(), [b, h, s, s]), &DEVICE);
+    let full_flex = Tensor::<Flex, 4, Bool>::from_data(TensorData::new(full, [b, h, s, s]), &DEVICE);
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let (x, x32) = (x.clone().cast(dtype), x32.clone().cast(dtype));
+        let cases = [
+            ("padding", pad_ours.clone(), pad_flex.clone()),
+            ("full", full_ours.clone(), full_flex.clone()),
+            ("transposed", full_ours.clone().swap_dims(2, 3), full_flex.clone().swap_dims(2, 3)),
+        ];
+        for (what, mask, mask32) in cases {
+            let got = x.clone().mask_fill(mask, -1e4).cast(DType::F32).into_data();
+            let want = x32.clone().mask_fill(mask32, -1e4).cast(DType::F32).into_data();
+            assert_eq!(got, want, "{dtype:?} {what}");
+        }
+        // The held input is unchanged by each operation on its clone.
+        let before = x.clone().cast(DType::F32).into_data();
+        let _ = x.clone().mask_fill(pad_ours.clone(), 0.0);
+        let _ = gelu(x.clone());
+        let _ = softmax(x.clone(), 3);
+        let _ = x.clone().exp();
+        assert_eq!(x.clone().cast(DType::F32).into_data(), before, "{dtype:?}: the input changed");
+    }
+    // A tensor no one else holds, filled in place: the same values.
+    let alone = Tensor::<FastFlex, 4>::from_data(x.clone().into_data(), &DEVICE);
+    close(alone.mask_fill(pad_ours, 7.0), x32.mask_fill(pad_flex, 7.0), 0.0, "in place");
+}

@@ -130,6 +130,7 @@ const FAST_OWN: &[&str] = &[
     "float_exp",
     "float_erf",
     "float_tanh",
+    "float_mask_fill",
 ];
 
 /// The operations `FastFlex` runs in `f32` for `bf16` and `f16` tensors: arithmetic,

@@ -300,7 +300,7 @@ impl FloatTensorOps<Self> for FastFlex {
         mask: BoolTensor<Self>,
         value: Scalar,
     ) -> FloatTensor<Self> {
-        Flex::float_mask_fill(tensor, mask, value)
+        super::float_mask_fill(tensor, mask, value)
     }
 
     fn float_equal(

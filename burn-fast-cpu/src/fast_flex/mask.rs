@@ -1,0 +1,112 @@
+//! `mask_fill` reading a broadcast mask through its strides. Flex expands the mask to the
+//! tensor's shape and copies it first (an attention padding mask `[b, 1, 1, s]` becomes
+//! `[b, h, s, s]` bytes, copied one index at a time); here each row of the output finds its
+//! mask row by the mask's strides (0 on a broadcast dimension), and a tensor no one else
+//! holds is filled in place.
+
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::tensor::{Bytes, DType};
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// Rows per rayon task.
+const ROWS: usize = 256;
+
+/// `tensor` with `value` wherever `mask` (broadcast to its shape) is true, or `None` where
+/// this path does not apply (the mask's rank or shape does not broadcast onto the tensor's,
+/// a mask stored as `u32`, `f64`): then Flex's runs.
+pub(super) fn mask_fill(tensor: FlexTensor, mask: &FlexTensor, value: f64) -> Result<FlexTensor, FlexTensor> {
+    let dims = tensor.layout().shape().to_vec();
+    let mask_dims = mask.layout().shape().to_vec();
+    let bytes = matches!(
+        mask.dtype(),
+        DType::Bool(burn_backend::BoolStore::Native | burn_backend::BoolStore::U8)
+    );
+    let broadcasts = mask_dims.len() == dims.len()
+        && mask_dims.iter().zip(&dims).all(|(&m, &t)| m == t || m == 1);
+    if !bytes || !broadcasts || dims.is_empty() || dims.iter().product::<usize>() == 0 {
+        return Err(tensor);
+    }
+    match tensor.dtype() {
+        DType::F32 => Ok(fill::<f32>(tensor, mask, value as f32)),
+        DType::BF16 => Ok(fill::<bf16>(tensor, mask, bf16::from_f64(value))),
+        DType::F16 => Ok(fill::<f16>(tensor, mask, f16::from_f64(value))),
+        _ => Err(tensor),
+    }
+}
+
+fn fill<T: burn::tensor::Element + bytemuck::Pod + Send + Sync>(
+    tensor: FlexTensor,
+    mask: &FlexTensor,
+    value: T,
+) -> FlexTensor {
+    let dims = tensor.layout().shape().to_vec();
+    let rank = dims.len();
+    let n = dims[rank - 1];
+    let strides: Vec<isize> = mask
+        .layout()
+        .strides()
+        .iter()
+        .zip(mask.layout().shape().iter())
+        .map(|(&s, &size)| if size == 1 { 0 } else { s })
+        .collect();
+    let mask_start = mask.layout().start_offset() as isize;
+    let mask_bytes = mask.bytes();
+    let inner = strides[rank - 1];
+    // The mask row of output row `r` (row-major over the leading dimensions).
+    let row_offset = |mut r: usize| -> isize {
+        let mut offset = mask_start;
+        for d in (0..rank - 1).rev() {
+            offset += (r % dims[d]) as isize * strides[d];
+            r /= dims[d];
+        }
+        offset
+    };
+    let fill_row = |row: usize, out: &mut [T]| {
+        let base = row_offset(row);
+        if inner == 0 {
+            if mask_bytes[base as usize] != 0 {
+                out.fill(value);
+            }
+        } else if inner == 1 {
+            let m = &mask_bytes[base as usize..base as usize + n];
+            for (o, &flag) in out.iter_mut().zip(m) {
+                if flag != 0 {
+                    *o = value;
+                }
+            }
+        } else {
+            for (j, o) in out.iter_mut().enumerate() {
+                if mask_bytes[(base + j as isize * inner) as usize] != 0 {
+                    *o = value;
+                }
+            }
+        }
+    };
+    let mut out = if tensor.is_unique() && tensor.layout().is_contiguous() {
+        tensor
+    } else {
+        tensor.to_contiguous()
+    };
+    let start = out.layout().start_offset();
+    let len = out.layout().num_elements();
+    if let Some(values) = out.try_storage_mut::<T>() {
+        fill_rows(&mut values[start..start + len], n, &fill_row);
+        return out;
+    }
+    let mut values = out.storage::<T>()[start..start + len].to_vec();
+    fill_rows(&mut values, n, &fill_row);
+    let layout = Layout::contiguous(out.layout().shape().clone());
+    FlexTensor::new(Bytes::from_elems(values), layout, out.dtype())
+}
+
+fn fill_rows<T: Send>(values: &mut [T], n: usize, fill_row: &(impl Fn(usize, &mut [T]) + Sync)) {
+    values
+        .par_chunks_mut(n * ROWS)
+        .enumerate()
+        .for_each(|(chunk, rows)| {
+            for (i, row) in rows.chunks_mut(n).enumerate() {
+                fill_row(chunk * ROWS + i, row);
+            }
+        });
+}
