@@ -1,21 +1,34 @@
 //! `f32` matrix products with a fused epilogue (bias, activation, accumulation), for dense
 //! layers: `y = f(x·W + bias)` and their backward products `xᵀ·g` and `g·Wᵀ`.
 //!
-//! Why not only `gemm` (which Flex multiplies with): on AVX-512 its `f32` kernels reach about
-//! half of this CPU's peak at a BERT layer's shapes, where ONNX Runtime's MLAS reaches most
-//! of it. The kernel here follows MLAS's layout rather than BLIS's: the right operand is
-//! packed into panels of [`NR`] columns (once, and reusable: [`PackedRhs`]), the left one is
-//! read in place whenever its rows are contiguous (a broadcast per row and step of depth
-//! needs no packing) and packed into row tiles otherwise. Each call of the micro-kernel keeps
-//! an `MR × 32` tile of the output in 24 to 28 of the 32 `zmm` registers for a whole block of
-//! depth: two loads of the panel and `MR` broadcasts feed `2·MR` independent multiply-adds
-//! a step, enough chains for Zen 5's two 512-bit pipes (latency 4).
+//! Why not only `gemm` (which Flex multiplies with): on large products its AVX-512 kernel
+//! is already within a few percent of this CPU's peak (on Zen 5, 2 threads: 455 to 505
+//! GFLOP/s of 525), and so is this one; what `gemm` lacks is what a dense layer needs
+//! around the product. Here the bias and the activation are applied in the store of each
+//! output tile (no second pass over the output: a BERT feed-forward layer with GELU runs 5%
+//! faster at 4096 rows, 20% at 16), a weight is packed once and reused ([`PackedRhs`]),
+//! products of few rows (batch-1 inference) are shared out by columns and read the weight in
+//! place (+5% to +40% at 16 rows), and both operands may be transposed views (the
+//! gradients `xᵀ·g` and `g·Wᵀ`). Where `gemm` measured faster (a transposed left operand
+//! of more than [`SMALL_M`] rows; a plain product of depth ≤ 512 and ≤ 1152 columns; fewer
+//! than 8 rows with an unpacked weight), [`matmul`] hands it the product.
 //!
-//! Blocking: the depth is cut into equal blocks of at most [`KC`] (so a panel's block stays
-//! in L1D while the row tiles of a block of [`MC`] rows, in L2, pass over it); rayon's threads
-//! take blocks of rows (or, for few rows, groups of panels), so that each thread writes a
-//! disjoint part of the output. Every output element sums its products in the same order
-//! whatever the split: parallel and serial results are identical.
+//! The kernel follows MLAS's layout rather than BLIS's: the right operand is packed into
+//! panels of [`NR`] columns, the left one is read in place whenever its rows are contiguous
+//! (a broadcast per row and step of depth needs no packing) and packed into row tiles
+//! otherwise. Each call of the micro-kernel keeps an `MR × 32` tile of the output in 28 of
+//! the 32 `zmm` registers for a whole block of depth: two loads of the panel and `MR`
+//! broadcasts feed 28 independent multiply-adds a step, enough chains for Zen 5's two
+//! 512-bit pipes (latency 4: at least 8 in flight). The tile's lines of the output are
+//! prefetched before the loop, so that the store does not wait for memory.
+//!
+//! Blocking: the depth is cut into equal blocks of at most [`KC`]; rayon's threads take
+//! blocks of at most [`MC`] rows (as many blocks as a multiple of the threads), or, for at
+//! most [`SMALL_M`] rows, groups of panels, so that each thread writes a disjoint part of
+//! the output. A block's rows stay in L2 while every panel passes over them; a panel's block
+//! of depth stays in L1 or L2 while the block's row tiles pass over it. Every output element
+//! sums its products in the same order whatever the split: parallel and serial results are
+//! identical, bit for bit.
 //!
 //! The portable path is `gemm` followed by the epilogue; it is taken where AVX-512 is
 //! absent, under `BURN_SKETCH_PORTABLE=1`, and with [`Path::Portable`].
@@ -38,8 +51,9 @@ use crate::activation::Activation;
 /// The width of a panel of the right operand and of the micro-kernel's tile: two `zmm`
 /// registers of 16 lanes.
 pub const NR: usize = 32;
-/// The rows of the micro-kernel's tile: `2·MR` accumulators plus the two panel registers
-/// (broadcasts are folded into the multiply-adds) fit the 32 `zmm` registers.
+/// The rows of the micro-kernel's tile: `2·MR = 28` accumulators, the two panel registers
+/// and one broadcast use 31 of the 32 `zmm` registers. 14 measured 2 to 4% faster than 12
+/// on one Zen 5 core (within the noise on two).
 pub const MR: usize = 14;
 /// The largest block of depth. Each block of depth after the first reloads the output
 /// tiles, so fewer, deeper blocks are faster as long as a panel's block (`KC × NR`, 128 KiB
@@ -72,8 +86,8 @@ pub struct Epilogue<'a> {
 /// Which implementation [`matmul_with`] runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Path {
-    /// The AVX-512 kernel where [`features`] reports it (not under `BURN_SKETCH_PORTABLE=1`),
-    /// `gemm` elsewhere.
+    /// The AVX-512 kernel where [`features`] reports it (not under `BURN_SKETCH_PORTABLE=1`)
+    /// and `gemm` did not measure faster (see [`matmul`]), `gemm` elsewhere.
     #[default]
     Auto,
     /// `gemm` and a separate epilogue pass, whatever the CPU: for tests and comparisons.
@@ -126,7 +140,10 @@ impl PackedRhs {
             };
             // Parallel only when there is enough to copy to pay for the threads.
             if parallel && k * n >= 1 << 16 {
-                panels.par_chunks_mut(GROUP * k * NR).enumerate().for_each(pack);
+                panels
+                    .par_chunks_mut(GROUP * k * NR)
+                    .enumerate()
+                    .for_each(pack);
             } else {
                 panels.chunks_mut(GROUP * k * NR).enumerate().for_each(pack);
             }
@@ -177,6 +194,11 @@ fn pack_panel(out: &mut [f32], view: MatRef<'_, f32>) {
 /// threads share the output; the result is the same either way. The [module docs](self) have
 /// an example.
 ///
+/// For more than [`SMALL_M`] rows the right operand is packed at each call, into a buffer
+/// the calling thread keeps for the next call (it holds the largest operand that thread has
+/// packed); a weight used many times is better packed once, [`matmul_packed`]. The products
+/// `gemm` measured faster on go to `gemm`, the epilogue then applied as a second pass.
+///
 /// # Panics
 /// If the inner dimensions differ, `dst` is not `lhs.rows × stride` with
 /// `stride ≥ rhs.cols`, or the bias is not `rhs.cols` long.
@@ -211,7 +233,7 @@ pub fn matmul_with(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if path == Path::Auto && features().avx512 && !gemm_is_faster(lhs, m) {
+    if path == Path::Auto && features().avx512 && !gemm_is_faster(lhs, [m, k, n], &epilogue) {
         // Few rows: the right operand is read once, in place when its rows are contiguous.
         let direct = m <= SMALL_M && rhs.col_stride == 1;
         if direct {
@@ -285,13 +307,30 @@ pub fn matmul_packed_with(
     portable(dst, stride, lhs, &panels, epilogue, parallel);
 }
 
-/// Where `gemm` measured faster than the kernel with both operands to pack: a left operand
-/// whose rows are not contiguous (the weight gradient `xᵀ·g`, `384 × 4096 × 1536`: `gemm`
-/// 227 GFLOP/s on one Zen 5 core, the kernel 204 packing both, 220 with the right one packed
-/// beforehand), for more rows than [`SMALL_M`]. [`matmul_packed`] keeps the kernel.
-fn gemm_is_faster(lhs: MatRef<'_, f32>, m: usize) -> bool {
-    m > SMALL_M && lhs.col_stride != 1 && lhs.shape()[1] > 1
+/// Where `gemm` measured faster than the kernel (Zen 5, one and two threads, interleaved
+/// runs), so that [`matmul`] hands it the product (and the epilogue, as a second pass):
+///
+/// - a left operand whose rows are not contiguous, for more rows than [`SMALL_M`] (the
+///   weight gradient `xᵀ·g`, `384 × 4096 × 1536`: `gemm` 227 GFLOP/s on one core, the kernel
+///   204 packing both operands);
+/// - a plain product (no bias, no activation) of depth at most 512 and at most 1152 columns
+///   (`4096 × 384 × 384`: `gemm` 505 GFLOP/s on two cores, the kernel 480 to 488; at
+///   `4096 × 384 × 1152`, 471 to 488 against 464 to 476). With a bias or an activation the
+///   kernel's fused store wins: `gemm`'s second pass costs more than the gap.
+/// - fewer than [`MIN_DIRECT_ROWS`] rows: the kernel reads the right operand in place, a
+///   panel's 128 bytes from each row, which only pays with enough rows to share each load
+///   (`1 × 384 × 1536` on one core: `gemm` 55 GFLOP/s, the kernel 29 in place and 49 on a
+///   packed weight; 4 rows: 165, 110 and 220; 8 rows: 165, 221 and 257).
+///
+/// [`matmul_packed`] keeps the kernel: its right operand exists only as panels.
+fn gemm_is_faster(lhs: MatRef<'_, f32>, [m, k, n]: [usize; 3], epilogue: &Epilogue<'_>) -> bool {
+    let strided = lhs.col_stride != 1 && k > 1;
+    let plain = epilogue.bias.is_none() && epilogue.activation == Activation::Identity;
+    m < MIN_DIRECT_ROWS || (m > SMALL_M && (strided || (plain && k <= 512 && n <= 1152)))
 }
+
+/// The fewest rows [`matmul`] multiplies with the kernel (see `gemm_is_faster`).
+const MIN_DIRECT_ROWS: usize = 8;
 
 fn check(dst: &[f32], stride: usize, m: usize, n: usize, epilogue: &Epilogue<'_>) {
     assert!(
@@ -358,13 +397,26 @@ fn portable(
             );
         }
     }
-    let n = parts.iter().map(|&(j0, cols, _)| j0 + cols).max().unwrap_or(0);
-    for row in dst.chunks_exact_mut(stride) {
+    let n = parts
+        .iter()
+        .map(|&(j0, cols, _)| j0 + cols)
+        .max()
+        .unwrap_or(0);
+    if epilogue.bias.is_none() && epilogue.activation == Activation::Identity {
+        return;
+    }
+    let finish = |row: &mut [f32]| {
         let row = &mut row[..n];
         if let Some(bias) = epilogue.bias {
             row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
         }
         epilogue.activation.apply_to(row);
+    };
+    if parallel && m * n >= 1 << 16 {
+        use rayon::prelude::*;
+        dst.par_chunks_exact_mut(stride).for_each(finish);
+    } else {
+        dst.chunks_exact_mut(stride).for_each(finish);
     }
 }
 
@@ -450,14 +502,26 @@ mod avx512 {
                 (0..panels.div_ceil(per)).for_each(run);
             }
         } else {
-            // Blocks of at most MC rows, as many as a multiple of the threads (384 rows on
-            // two threads: eight blocks of 48, not seven of 56, one thread doing four).
+            // Blocks of at most MC rows, as many as a multiple of the threads (400 rows on
+            // two threads: four blocks of 100, not three of up to 192, one thread doing two).
             let blocks = m.div_ceil(MC).div_ceil(threads) * threads;
             let mc = m.div_ceil(blocks);
             let run = |b: usize| {
                 let (i0, i1) = ((b * mc).min(m), ((b + 1) * mc).min(m));
                 // SAFETY: each block writes only its own rows of `dst`.
-                unsafe { block(out, stride, lhs, rhs, epilogue, [i0, i1], [0, panels], k, kc) };
+                unsafe {
+                    block(
+                        out,
+                        stride,
+                        lhs,
+                        rhs,
+                        epilogue,
+                        [i0, i1],
+                        [0, panels],
+                        k,
+                        kc,
+                    )
+                };
             };
             if threads > 1 {
                 (0..blocks).into_par_iter().for_each(run);
@@ -523,9 +587,8 @@ mod avx512 {
                     for (p, step) in tile.chunks_exact_mut(MR).enumerate() {
                         // SAFETY: rows `i..i + rows` and this step of depth lie in the view,
                         // whose elements were bounds-checked when it was made.
-                        let from = a_base.wrapping_offset(
-                            i as isize * a_row + (p_start + p) as isize * a_col,
-                        );
+                        let from = a_base
+                            .wrapping_offset(i as isize * a_row + (p_start + p) as isize * a_col);
                         for (r, slot) in step[..rows].iter_mut().enumerate() {
                             *slot = unsafe { *from.offset(r as isize * a_row) };
                         }
@@ -536,9 +599,7 @@ mod avx512 {
                 let (j, cols) = (p * NR, NR.min(n - p * NR));
                 // The panel's block of depth: `depth` rows `b_step` apart.
                 let (b, b_step): (*const f32, isize) = match rhs {
-                    Rhs::Packed(packed) => {
-                        (packed.panel(p)[p_start * NR..].as_ptr(), NR as isize)
-                    }
+                    Rhs::Packed(packed) => (packed.panel(p)[p_start * NR..].as_ptr(), NR as isize),
                     Rhs::Direct(view) if cols == NR => {
                         let (base, row, _) = view.cols(j, cols).raw_parts();
                         (base.wrapping_offset(p_start as isize * row), row)
@@ -556,9 +617,8 @@ mod avx512 {
                     let (i, rows) = tile_rows(t);
                     let a = if in_place {
                         Lhs {
-                            a: a_base.wrapping_offset(
-                                i as isize * a_row + p_start as isize * a_col,
-                            ),
+                            a: a_base
+                                .wrapping_offset(i as isize * a_row + p_start as isize * a_col),
                             row: a_row,
                             step: 1,
                         }
@@ -616,7 +676,13 @@ mod avx512 {
     /// added, accumulated, activated, stored under a mask.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
     #[inline(never)]
-    unsafe fn store_tile(tile: &[[f32; 32]], c: *mut f32, stride: usize, cols: usize, store: Store<'_>) {
+    unsafe fn store_tile(
+        tile: &[[f32; 32]],
+        c: *mut f32,
+        stride: usize,
+        cols: usize,
+        store: Store<'_>,
+    ) {
         for col in (0..cols).step_by(16) {
             let mask: __mmask16 = if cols - col >= 16 {
                 0xFFFF
@@ -767,7 +833,11 @@ mod tests {
                 );
             }
             for j in n..stride {
-                assert_eq!(got[i * stride + j].to_bits(), 7.0f32.to_bits(), "{what}: padding");
+                assert_eq!(
+                    got[i * stride + j].to_bits(),
+                    7.0f32.to_bits(),
+                    "{what}: padding"
+                );
             }
         }
     }
@@ -792,7 +862,10 @@ mod tests {
     }
 
     fn case(m: usize, k: usize, n: usize, layouts: (u8, u8), epilogue: Epilogue<'_>) {
-        let (a, b) = (values(m * k, (m * 31 + k) as u64), values(k * n, (n * 17 + k) as u64));
+        let (a, b) = (
+            values(m * k, (m * 31 + k) as u64),
+            values(k * n, (n * 17 + k) as u64),
+        );
         let (mut ab, mut bb) = (Vec::new(), Vec::new());
         view(&a, m, k, layouts.0, &mut ab);
         view(&b, k, n, layouts.1, &mut bb);
@@ -809,20 +882,39 @@ mod tests {
         let what = format!("{m}×{k}×{n} {layouts:?} {epilogue:?}");
         let packed = PackedRhs::pack(rhs);
         assert_eq!(packed.shape(), [k, n]);
-        let mut first: Option<Vec<f32>> = None;
+        // The kernel sums in the same order whatever the split and the packing: its results
+        // are compared bit for bit (where `matmul` routes to `gemm`, only the packed ones).
+        let kernel = features().avx512 && !gemm_is_faster(lhs, [m, k, n], &epilogue);
+        let (mut first, mut first_packed): (Option<Vec<f32>>, Option<Vec<f32>>) = (None, None);
         for path in [Path::Auto, Path::Portable] {
             for parallel in [false, true] {
                 let mut y = start.clone();
                 matmul_with(path, &mut y, stride, lhs, rhs, epilogue, parallel);
-                check(&y, stride, &want, n, k, &format!("{what} {path:?} {parallel}"));
+                check(
+                    &y,
+                    stride,
+                    &want,
+                    n,
+                    k,
+                    &format!("{what} {path:?} {parallel}"),
+                );
                 let mut z = start.clone();
                 matmul_packed_with(path, &mut z, stride, lhs, &packed, epilogue, parallel);
                 check(&z, stride, &want, n, k, &format!("{what} packed {path:?}"));
-                if path == Path::Auto {
-                    // The kernel sums in the same order whatever the split and the packing.
-                    let first = first.get_or_insert_with(|| y.clone());
-                    assert!(first.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()));
-                    assert!(first.iter().zip(&z).all(|(a, b)| a.to_bits() == b.to_bits()));
+                if path == Path::Auto && features().avx512 {
+                    let same = |a: &[f32], b: &[f32]| {
+                        a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+                    };
+                    let first_packed = first_packed.get_or_insert_with(|| z.clone());
+                    assert!(
+                        same(first_packed, &z),
+                        "{what}: packed, parallel {parallel}"
+                    );
+                    if kernel {
+                        let first = first.get_or_insert_with(|| y.clone());
+                        assert!(same(first, &y), "{what}: parallel {parallel}");
+                        assert!(same(first, &z), "{what}: packed and not");
+                    }
                 }
             }
         }
@@ -865,7 +957,11 @@ mod tests {
             for activation in [Activation::Identity, Activation::Relu, Activation::Gelu] {
                 for accumulate in [false, true] {
                     for bias in [None, Some(&bias[..])] {
-                        let e = Epilogue { bias, activation, accumulate };
+                        let e = Epilogue {
+                            bias,
+                            activation,
+                            accumulate,
+                        };
                         case(m, k, n, (0, 0), e);
                     }
                 }
@@ -873,14 +969,21 @@ mod tests {
         }
     }
 
-    /// Large enough for several blocks of depth and of rows on both threads.
+    /// Deep enough for two blocks of depth (the second accumulates onto the first), tall
+    /// enough for several blocks of rows on both threads.
     #[test]
     fn blocked_products_match() {
-        let bias = values(200, 3);
-        let e = Epilogue { bias: Some(&bias), activation: Activation::Gelu, accumulate: true };
-        case(400, 600, 200, (0, 0), e);
-        case(400, 600, 200, (1, 0), Epilogue::default());
-        case(40, 600, 200, (0, 1), e);
+        let k = KC + 77;
+        let bias = values(70, 3);
+        let e = Epilogue {
+            bias: Some(&bias),
+            activation: Activation::Gelu,
+            accumulate: true,
+        };
+        case(2 * MC + 5, k, 70, (0, 0), e);
+        case(2 * MC + 5, k, 70, (1, 0), Epilogue::default());
+        case(40, k, 70, (0, 1), e);
+        case(40, k, 70, (1, 1), Epilogue::default());
     }
 
     /// The portable path and the kernel agree (the reference checks both; here they are
@@ -891,10 +994,58 @@ mod tests {
         let (a, b) = (values(m * k, 1), values(k * n, 2));
         let (lhs, rhs) = (MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n));
         let (mut fast, mut slow) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
-        matmul_with(Path::Auto, &mut fast, n, lhs, rhs, Epilogue::default(), true);
-        matmul_with(Path::Portable, &mut slow, n, lhs, rhs, Epilogue::default(), true);
-        let worst = fast.iter().zip(&slow).fold(0.0f32, |w, (a, b)| w.max((a - b).abs()));
+        matmul_with(
+            Path::Auto,
+            &mut fast,
+            n,
+            lhs,
+            rhs,
+            Epilogue::default(),
+            true,
+        );
+        matmul_with(
+            Path::Portable,
+            &mut slow,
+            n,
+            lhs,
+            rhs,
+            Epilogue::default(),
+            true,
+        );
+        let worst = fast
+            .iter()
+            .zip(&slow)
+            .fold(0.0f32, |w, (a, b)| w.max((a - b).abs()));
         assert!(worst <= 1e-4, "{worst}");
+    }
+
+    /// The routing rule itself: a transposed left operand of many rows, a plain shallow and
+    /// narrow product of many rows, or fewer than 8 rows go to `gemm`; 8 to 64 rows, or an
+    /// epilogue, keep the kernel.
+    #[test]
+    fn the_products_gemm_wins_are_routed_to_it() {
+        let a = vec![0.0f32; 100 * 8];
+        let plain = Epilogue::default();
+        let bias = [0.0f32; 2000];
+        let relu = Epilogue {
+            activation: Activation::Relu,
+            ..plain
+        };
+        let biased = Epilogue {
+            bias: Some(&bias),
+            ..plain
+        };
+        let x = MatRef::row_major(&a, 100, 8);
+        let xt = MatRef::row_major(&a, 8, 100).t();
+        assert!(gemm_is_faster(xt, [100, 8, 2000], &biased));
+        assert!(!gemm_is_faster(xt.rows(0, 64), [64, 8, 2000], &plain));
+        assert!(gemm_is_faster(x, [100, 8, 1152], &plain));
+        assert!(!gemm_is_faster(x, [100, 8, 1153], &plain));
+        assert!(!gemm_is_faster(x, [100, 8, 1152], &relu));
+        assert!(!gemm_is_faster(x, [100, 8, 1152], &biased));
+        assert!(!gemm_is_faster(x.rows(0, 64), [64, 8, 1152], &plain));
+        assert!(gemm_is_faster(x.rows(0, 7), [7, 8, 1152], &relu));
+        assert!(!gemm_is_faster(x.rows(0, 8), [8, 8, 1152], &relu));
     }
 
     #[test]

@@ -131,7 +131,7 @@ fn source(tensor: &FlexTensor) -> (FlexTensor, usize, usize, Layout) {
             (tensor.clone(), start, end, moved)
         }
         None => {
-            let contiguous = tensor.to_contiguous();
+            let contiguous = super::copy::contiguous(tensor);
             let start = contiguous.layout().start_offset();
             let end = start + contiguous.layout().num_elements();
             let moved = Layout::contiguous(contiguous.layout().shape().clone());

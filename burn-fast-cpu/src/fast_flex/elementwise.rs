@@ -29,7 +29,7 @@ pub(super) fn unary(
     let mut tensor = if tensor.layout().is_contiguous() {
         tensor
     } else {
-        tensor.to_contiguous()
+        super::copy::contiguous(&tensor)
     };
     let start = tensor.layout().start_offset();
     let len = tensor.layout().num_elements();
@@ -105,7 +105,7 @@ pub(super) fn binary(
     if a.layout().shape() != b.layout().shape() || a.dtype() != b.dtype() {
         return None;
     }
-    let (a, b) = (a.to_contiguous(), b.to_contiguous());
+    let (a, b) = (super::copy::contiguous(a), super::copy::contiguous(b));
     let layout = Layout::contiguous(a.layout().shape().clone());
     let len = layout.num_elements();
     let (sa, sb) = (a.layout().start_offset(), b.layout().start_offset());

@@ -254,7 +254,7 @@ fn rows(tensor: &FlexTensor, m: usize, cols: usize) -> Operand {
             },
         };
     }
-    let contiguous = tensor.to_contiguous();
+    let contiguous = super::copy::contiguous(tensor);
     let offset = contiguous.layout().start_offset();
     Operand {
         tensor: contiguous,

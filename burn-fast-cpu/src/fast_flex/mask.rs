@@ -86,7 +86,7 @@ fn fill<T: burn::tensor::Element + bytemuck::Pod + Send + Sync>(
     let mut out = if tensor.is_unique() && tensor.layout().is_contiguous() {
         tensor
     } else {
-        tensor.to_contiguous()
+        super::copy::contiguous(&tensor)
     };
     let start = out.layout().start_offset();
     let len = out.layout().num_elements();

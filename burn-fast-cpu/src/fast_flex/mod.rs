@@ -12,6 +12,7 @@ use half::{bf16, f16};
 
 mod attention;
 mod convert;
+mod copy;
 mod elementwise;
 mod linear;
 mod mask;
@@ -353,4 +354,14 @@ fn float_mask_fill(
     let fill = value.elem::<f64>();
     mask::mask_fill(tensor, &mask, fill)
         .unwrap_or_else(|tensor| Flex::float_mask_fill(tensor, mask, value))
+}
+
+/// Flex's `reshape`, but a permuted tensor whose last dimension is contiguous is copied row by
+/// row ([`copy`](mod@copy)), where Flex copies it one element at a time.
+fn float_reshape(tensor: FloatTensor<FastFlex>, shape: burn::tensor::Shape) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::FloatTensorOps;
+    if tensor.layout().is_contiguous() {
+        return Flex::float_reshape(tensor, shape);
+    }
+    Flex::float_reshape(copy::contiguous(&tensor), shape)
 }

@@ -38,7 +38,7 @@ fn by_rows(
         // A copy of our own to overwrite (`to_contiguous` hands back the shared buffer of a
         // tensor that is contiguous already).
         let shape = tensor.layout().shape().clone();
-        let copy = tensor.to_contiguous();
+        let copy = super::copy::contiguous(&tensor);
         let (start, len) = (copy.layout().start_offset(), copy.layout().num_elements());
         let bytes = match dtype {
             DType::F32 => Bytes::from_elems(copy.storage::<f32>()[start..start + len].to_vec()),

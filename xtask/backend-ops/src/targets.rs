@@ -131,6 +131,7 @@ const FAST_OWN: &[&str] = &[
     "float_erf",
     "float_tanh",
     "float_mask_fill",
+    "float_reshape",
 ];
 
 /// The operations `FastFlex` runs in `f32` for `bf16` and `f16` tensors: arithmetic,

@@ -225,7 +225,7 @@ impl FloatTensorOps<Self> for FastFlex {
     }
 
     fn float_reshape(tensor: FloatTensor<Self>, shape: Shape) -> FloatTensor<Self> {
-        Flex::float_reshape(tensor, shape)
+        super::float_reshape(tensor, shape)
     }
 
     fn float_gather(
