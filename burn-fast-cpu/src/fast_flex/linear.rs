@@ -11,7 +11,7 @@ use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, Shape};
 use half::{bf16, f16};
 
-use burn_cpu_kernels::MatRef;
+use burn_cpu_kernels::{MatRef, sgemm};
 
 use super::convert;
 
@@ -28,9 +28,9 @@ pub(super) fn forward(x: FlexTensor, weight: FlexTensor, bias: Option<FlexTensor
     *out_dims.last_mut().expect("rank ≥ 1") = n;
     match dtype {
         DType::F32 => {
-            let mut dst = start_value(bias.as_ref(), m, n);
-            let accumulate = bias.is_some();
-            product_f32(&mut dst, n, &rows(&x, m, k), &plain(&weight), accumulate);
+            let mut dst = vec![0.0f32; m * n];
+            let bias = bias.map(|b| parameter(&b));
+            product_f32(&mut dst, n, &rows(&x, m, k), &plain(&weight), bias.as_deref());
             tensor(dst, out_dims, DType::F32)
         }
         DType::BF16 => {
@@ -72,7 +72,7 @@ pub(super) fn x_backward(weight: FlexTensor, output_grad: FlexTensor) -> FlexTen
         DType::F32 => {
             let mut dst = vec![0.0f32; m * k];
             let g = rows(&output_grad, m, n);
-            product_f32(&mut dst, k, &g, &transposed(&plain(&weight)), false);
+            product_f32(&mut dst, k, &g, &transposed(&plain(&weight)), None);
             tensor(dst, out_dims, DType::F32)
         }
         DType::BF16 => {
@@ -109,7 +109,7 @@ pub(super) fn weight_backward(x: FlexTensor, output_grad: FlexTensor) -> FlexTen
         DType::F32 => {
             let mut dst = vec![0.0f32; k * n];
             let (xt, g) = (transposed(rows(&x, m, k)), rows(&output_grad, m, n));
-            product_f32(&mut dst, n, &xt, &g, false);
+            product_f32(&mut dst, n, &xt, &g, None);
             tensor(dst, vec![k, n], DType::F32)
         }
         DType::BF16 => {
@@ -281,27 +281,25 @@ fn start_value(bias: Option<&FlexTensor>, m: usize, n: usize) -> Vec<f32> {
     dst
 }
 
-/// `dst (+)= lhs · rhs` in `f32`, rows of `stride`.
-fn product_f32(dst: &mut [f32], stride: usize, lhs: &Operand, rhs: &Operand, accumulate: bool) {
+/// `dst = lhs · rhs (+ bias)` in `f32`, rows of `stride`, on
+/// [`sgemm`](burn_cpu_kernels::sgemm) (the bias added in the product's store).
+fn product_f32(dst: &mut [f32], stride: usize, lhs: &Operand, rhs: &Operand, bias: Option<&[f32]>) {
     let (a, b) = (lhs.mat::<f32>(), rhs.mat::<f32>());
     if a.shape()[0] == 0 || b.shape()[1] == 0 {
         return;
     }
-    if a.shape()[1] == 0 {
-        if !accumulate {
-            dst.fill(0.0);
-        }
-        return;
-    }
-    burn_cpu_kernels::gemm(
-        dst,
-        stride,
-        a,
-        b,
-        1.0,
-        accumulate,
-        gemm::Parallelism::Rayon(0),
-    );
+    let epilogue = sgemm::Epilogue {
+        bias,
+        ..Default::default()
+    };
+    sgemm::matmul(dst, stride, a, b, epilogue, true);
+}
+
+/// A 1-D `f32` parameter's values (the bias).
+fn parameter(tensor: &FlexTensor) -> Vec<f32> {
+    let t = super::copy::contiguous(tensor);
+    let start = t.layout().start_offset();
+    t.storage::<f32>()[start..start + t.layout().num_elements()].to_vec()
 }
 
 /// `dst (+)= lhs · rhs` of `bf16` operands, accumulated in `f32`.

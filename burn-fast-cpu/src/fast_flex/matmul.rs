@@ -1,5 +1,6 @@
-//! `FastFlex`'s `bf16` product: Burn's batched `matmul` (leading dimensions broadcast) on
-//! [`cpu::bf16::matmul`](burn_cpu_kernels::bf16::matmul), read through the operands' strides.
+//! `FastFlex`'s products of Burn's batched `matmul` (leading dimensions broadcast): `bf16` on
+//! [`cpu::bf16::matmul`](burn_cpu_kernels::bf16::matmul), many small `f32` products (attention's
+//! heads) on [`sgemm`](burn_cpu_kernels::sgemm), read through the operands' strides.
 
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, Shape};
@@ -15,6 +16,35 @@ use burn_cpu_kernels::MatRef;
 /// If the ranks or inner dimensions differ or the leading dimensions do not broadcast (Burn's
 /// `Tensor::matmul` checks these before a backend sees the call).
 pub(super) fn bf16(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
+    batched::<bf16>(lhs, rhs, DType::BF16, |dst, n, x, y, parallel| {
+        burn_cpu_kernels::bf16::matmul(dst, n, x, y, 1.0, false, parallel);
+    })
+}
+
+/// `lhs · rhs` of two `f32` tensors of rank ≥ 3 with several products (attention's heads):
+/// each product on [`sgemm`](burn_cpu_kernels::sgemm)'s kernel with its right-hand side
+/// packed (a few KiB for a head), one product per thread. Flex runs these through `gemm`,
+/// whose set-up costs more than such a small product.
+pub(super) fn f32_batched(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
+    use burn_cpu_kernels::sgemm;
+    batched::<f32>(lhs, rhs, DType::F32, |dst, n, x, y, parallel| {
+        if parallel {
+            sgemm::matmul(dst, n, x, y, sgemm::Epilogue::default(), true);
+        } else {
+            let packed = sgemm::PackedRhs::pack(y);
+            sgemm::matmul_packed(dst, n, x, &packed, sgemm::Epilogue::default(), false);
+        }
+    })
+}
+
+/// `lhs · rhs` with the leading dimensions broadcast, `product(dst, n, x, y, parallel)` per
+/// pair of matrices.
+fn batched<E: burn::tensor::Element + bytemuck::Pod + Default + Send + Sync>(
+    lhs: &FlexTensor,
+    rhs: &FlexTensor,
+    dtype: DType,
+    product: impl Fn(&mut [E], usize, MatRef<'_, E>, MatRef<'_, E>, bool) + Sync,
+) -> FlexTensor {
     let (a, b) = (lhs.layout(), rhs.layout());
     let rank = a.num_dims();
     assert!(
@@ -46,10 +76,10 @@ pub(super) fn bf16(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
     let batches: usize = batch.iter().product();
     let mut dims = batch.clone();
     dims.extend([m, n]);
-    let mut values = vec![bf16::ZERO; batches * m * n];
+    let mut values = vec![E::default(); batches * m * n];
     if m * n > 0 && k > 0 {
-        let (lhs_data, rhs_data) = (lhs.storage::<bf16>(), rhs.storage::<bf16>());
-        let product = |index: usize, dst: &mut [bf16], parallel: bool| {
+        let (lhs_data, rhs_data) = (lhs.storage::<E>(), rhs.storage::<E>());
+        let one = |index: usize, dst: &mut [E], parallel: bool| {
             let view = |data, layout: &Layout, rows, cols| {
                 let strides = layout.strides();
                 MatRef::strided(
@@ -60,7 +90,7 @@ pub(super) fn bf16(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
                 )
             };
             let (x, y) = (view(lhs_data, a, m, k), view(rhs_data, b, k, n));
-            burn_cpu_kernels::bf16::matmul(dst, n, x, y, 1.0, false, parallel);
+            product(dst, n, x, y, parallel);
         };
         // Many small products (attention's heads): one per thread; few large ones: each on
         // all threads.
@@ -68,17 +98,17 @@ pub(super) fn bf16(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
             values
                 .par_chunks_mut(m * n)
                 .enumerate()
-                .for_each(|(index, dst)| product(index, dst, false));
+                .for_each(|(index, dst)| one(index, dst, false));
         } else {
             for (index, dst) in values.chunks_mut(m * n).enumerate() {
-                product(index, dst, true);
+                one(index, dst, true);
             }
         }
     }
     FlexTensor::new(
         Bytes::from_elems(values),
         Layout::contiguous(Shape::from(dims)),
-        DType::BF16,
+        dtype,
     )
 }
 

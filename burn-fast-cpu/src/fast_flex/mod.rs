@@ -148,6 +148,16 @@ fn float_cast(tensor: FloatTensor<FastFlex>, dtype: FloatDType) -> FloatTensor<F
     }
 }
 
+/// The number of products of a batched `matmul` (the leading dimensions broadcast).
+fn batch_count(lhs: &FlexTensor, rhs: &FlexTensor) -> usize {
+    let (a, b) = (lhs.layout().shape(), rhs.layout().shape());
+    let rank = a.num_dims();
+    if b.num_dims() != rank {
+        return 0;
+    }
+    (0..rank - 2).map(|d| a[d].max(b[d])).product()
+}
+
 /// Flex's `float_matmul`, but `bf16` products on [`cpu::bf16`](burn_cpu_kernels::bf16) and `f16`
 /// ones through `f32`.
 fn float_matmul(lhs: FloatTensor<FastFlex>, rhs: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
@@ -158,6 +168,13 @@ fn float_matmul(lhs: FloatTensor<FastFlex>, rhs: FloatTensor<FastFlex>) -> Float
             Flex::float_matmul(to_f32(lhs), to_f32(rhs)),
             FloatDType::F16,
         ),
+        // Many small products (attention's heads); 2-D and few products are Flex's `gemm`.
+        (DType::F32, DType::F32)
+            if lhs.layout().num_dims() >= 3
+                && batch_count(&lhs, &rhs) >= 2 * rayon::current_num_threads() =>
+        {
+            matmul::f32_batched(&lhs, &rhs)
+        }
         _ => Flex::float_matmul(lhs, rhs),
     }
 }

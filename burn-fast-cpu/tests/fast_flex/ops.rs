@@ -396,3 +396,26 @@ fn mask_fill_and_in_place_operations_match_flex() {
     let alone = Tensor::<FastFlex, 4>::from_data(x.clone().into_data(), &DEVICE);
     close(alone.mask_fill(pad_ours, 7.0), x32.mask_fill(pad_flex, 7.0), 0.0, "in place");
 }
+
+/// Batched `f32` products as attention makes them (heads split by a permutation, the keys
+/// transposed, a broadcast left-hand side), against Flex's within `f32` sums' rounding.
+#[test]
+fn batched_f32_products_match_flex() {
+    let (q, q32) = both([3, 9, 5, 8], 80);
+    let (k, k32) = both([3, 11, 5, 8], 81);
+    let split = |t: Tensor<FastFlex, 4>| t.swap_dims(1, 2);
+    let split32 = |t: Tensor<Flex, 4>| t.swap_dims(1, 2);
+    close(
+        split(q.clone()).matmul(split(k.clone()).transpose()),
+        split32(q32.clone()).matmul(split32(k32.clone()).transpose()),
+        1e-5,
+        "scores",
+    );
+    let (p, p32) = both([3, 5, 9, 11], 82);
+    close(p.clone().matmul(split(k.clone())), p32.clone().matmul(split32(k32.clone())), 1e-5, "context");
+    let (w, w32) = both([1, 5, 11, 7], 83);
+    close(p.matmul(w.clone()), p32.matmul(w32.clone()), 1e-5, "broadcast right-hand side");
+    let (x, x32) = both([1, 1, 4, 5], 84);
+    let (y, y32) = both([6, 2, 5, 3], 85);
+    close(x.matmul(y), x32.matmul(y32), 1e-5, "broadcast left-hand side");
+}
