@@ -90,6 +90,9 @@ struct Args {
     profile: bool,
 }
 
+/// The pause after each of the peer's rounds, longer than its OpenMP threads spin.
+const PAUSE_MS: u64 = 300;
+
 /// Burn's forms, in the table's order.
 const BURN_FORMS: [&str; 4] = ["burn-flex-f32", "fast-f32", "fast-bf16", "fast-int8"];
 
@@ -201,6 +204,10 @@ fn main() -> anyhow::Result<()> {
             {
                 peer = Err(e);
             }
+            // PyTorch's OpenMP threads keep spinning for a while after its forward (Intel
+            // OpenMP's `KMP_BLOCKTIME`, 200 ms): without a pause they would share the cores
+            // with the next round's first Burn form.
+            std::thread::sleep(std::time::Duration::from_millis(PAUSE_MS));
             bar.inc(1);
         }
         bar.finish_and_clear();

@@ -382,3 +382,67 @@ fn float_reshape(tensor: FloatTensor<FastFlex>, shape: burn::tensor::Shape) -> F
     }
     Flex::float_reshape(copy::contiguous(&tensor), shape)
 }
+
+/// A scalar operation `op(value, scalar)` on every value, in place where no other tensor
+/// holds the buffer, `bf16`/`f16` through an `f32` scratch a piece at a time (Flex's half
+/// path, and `via_f32`, allocate a widened copy and a rounded one); `f64` is Flex's.
+fn scalar_op(
+    tensor: FlexTensor,
+    scalar: burn_backend::Scalar,
+    op: fn(f32, f32) -> f32,
+    flex: fn(FlexTensor, burn_backend::Scalar) -> FlexTensor,
+) -> FlexTensor {
+    let s = scalar.elem::<f32>();
+    elementwise::unary(tensor, |values| {
+        for v in values.iter_mut() {
+            *v = op(*v, s);
+        }
+    })
+    .unwrap_or_else(|tensor| flex(tensor, scalar))
+}
+
+/// `tensor / scalar`, as [`scalar_op`].
+fn float_div_scalar(tensor: FloatTensor<FastFlex>, scalar: burn_backend::Scalar) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::FloatTensorOps;
+    scalar_op(tensor, scalar, |v, s| v / s, Flex::float_div_scalar)
+}
+
+/// `tensor · scalar`, as [`scalar_op`].
+fn float_mul_scalar(tensor: FloatTensor<FastFlex>, scalar: burn_backend::Scalar) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::FloatTensorOps;
+    scalar_op(tensor, scalar, |v, s| v * s, Flex::float_mul_scalar)
+}
+
+/// `tensor + scalar`, as [`scalar_op`].
+fn float_add_scalar(tensor: FloatTensor<FastFlex>, scalar: burn_backend::Scalar) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::FloatTensorOps;
+    scalar_op(tensor, scalar, |v, s| v + s, Flex::float_add_scalar)
+}
+
+/// `lhs + rhs`: of two `bf16` or `f16` tensors of one shape, one pass through an `f32`
+/// scratch; anything else (broadcasts, `f32`, which Flex adds in place) as before.
+fn float_add(lhs: FloatTensor<FastFlex>, rhs: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
+    use burn_backend::ops::FloatTensorOps;
+    if half_dtype(&[&lhs]).is_some()
+        && let Some(sum) = elementwise::binary(&lhs, &rhs, |a, b| {
+            for (b, a) in b.iter_mut().zip(a) {
+                *b += a;
+            }
+        })
+    {
+        return sum;
+    }
+    via_f32_binary(lhs, rhs, Flex::float_add)
+}
+
+/// Flex's binary `op`, through `f32` where either operand is `bf16`/`f16` (rounded once).
+fn via_f32_binary(
+    lhs: FlexTensor,
+    rhs: FlexTensor,
+    op: impl FnOnce(FlexTensor, FlexTensor) -> FlexTensor,
+) -> FlexTensor {
+    match half_dtype(&[&lhs, &rhs]) {
+        Some(dtype) => from_f32(op(to_f32(lhs), to_f32(rhs)), dtype),
+        None => op(lhs, rhs),
+    }
+}

@@ -390,6 +390,8 @@ fn mask_fill_and_in_place_operations_match_flex() {
         let _ = gelu(x.clone());
         let _ = softmax(x.clone(), 3);
         let _ = x.clone().exp();
+        let _ = x.clone() / 3.0;
+        let _ = x.clone() + x.clone();
         assert_eq!(x.clone().cast(DType::F32).into_data(), before, "{dtype:?}: the input changed");
     }
     // A tensor no one else holds, filled in place: the same values.

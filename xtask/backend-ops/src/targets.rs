@@ -132,6 +132,10 @@ const FAST_OWN: &[&str] = &[
     "float_tanh",
     "float_mask_fill",
     "float_reshape",
+    "float_div_scalar",
+    "float_mul_scalar",
+    "float_add_scalar",
+    "float_add",
 ];
 
 /// The operations `FastFlex` runs in `f32` for `bf16` and `f16` tensors: arithmetic,

@@ -71,20 +71,11 @@ impl FloatTensorOps<Self> for FastFlex {
     }
 
     fn float_add(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs, &rhs]) {
-            return super::from_f32(
-                Flex::float_add(super::to_f32(lhs), super::to_f32(rhs)),
-                dtype,
-            );
-        }
-        Flex::float_add(lhs, rhs)
+        super::float_add(lhs, rhs)
     }
 
     fn float_add_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs]) {
-            return super::from_f32(Flex::float_add_scalar(super::to_f32(lhs), rhs), dtype);
-        }
-        Flex::float_add_scalar(lhs, rhs)
+        super::float_add_scalar(lhs, rhs)
     }
 
     fn float_clamp_min(tensor: FloatTensor<Self>, min: Scalar) -> FloatTensor<Self> {
@@ -136,10 +127,7 @@ impl FloatTensorOps<Self> for FastFlex {
     }
 
     fn float_mul_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs]) {
-            return super::from_f32(Flex::float_mul_scalar(super::to_f32(lhs), rhs), dtype);
-        }
-        Flex::float_mul_scalar(lhs, rhs)
+        super::float_mul_scalar(lhs, rhs)
     }
 
     fn float_div(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -153,10 +141,7 @@ impl FloatTensorOps<Self> for FastFlex {
     }
 
     fn float_div_scalar(lhs: FloatTensor<Self>, rhs: Scalar) -> FloatTensor<Self> {
-        if let Some(dtype) = super::half_dtype(&[&lhs]) {
-            return super::from_f32(Flex::float_div_scalar(super::to_f32(lhs), rhs), dtype);
-        }
-        Flex::float_div_scalar(lhs, rhs)
+        super::float_div_scalar(lhs, rhs)
     }
 
     fn float_remainder(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -23,7 +23,8 @@ use burn::backend::Flex;
 use super::FastFlex;
 // Functions of the parent module, which the trait modules call as `super::…`.
 use super::{
-    attention, float_cast, float_erf, float_exp, float_mask_fill, float_matmul, float_reshape,
-    float_tanh, from_f32, gelu, gelu_backward, half_dtype, layer_norm, linear,
-    linear_bias_backward, linear_weight_backward, linear_x_backward, log_softmax, softmax, to_f32,
+    attention, float_add, float_add_scalar, float_cast, float_div_scalar, float_erf, float_exp,
+    float_mask_fill, float_matmul, float_mul_scalar, float_reshape, float_tanh, from_f32, gelu,
+    gelu_backward, half_dtype, layer_norm, linear, linear_bias_backward, linear_weight_backward,
+    linear_x_backward, log_softmax, softmax, to_f32,
 };
