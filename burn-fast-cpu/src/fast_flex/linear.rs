@@ -11,6 +11,7 @@ use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, Shape};
 use half::{bf16, f16};
 
+use burn_cpu_kernels::bf16::Output;
 use burn_cpu_kernels::{MatRef, sgemm};
 
 use super::convert;
@@ -34,10 +35,11 @@ pub(super) fn forward(x: FlexTensor, weight: FlexTensor, bias: Option<FlexTensor
             tensor(dst, out_dims, DType::F32)
         }
         DType::BF16 => {
-            let mut dst = start_value(bias.as_ref(), m, n);
+            // The bias is the product's starting value; the sum rounds once, as it stores.
+            let mut dst = start_value::<bf16>(bias.as_ref(), m, n);
             let accumulate = bias.is_some();
             product_bf16(&mut dst, n, &rows(&x, m, k), &plain(&weight), accumulate);
-            narrow_bf16(dst, out_dims)
+            half_tensor(dst, out_dims)
         }
         DType::F16 => {
             let out = forward(
@@ -76,10 +78,10 @@ pub(super) fn x_backward(weight: FlexTensor, output_grad: FlexTensor) -> FlexTen
             tensor(dst, out_dims, DType::F32)
         }
         DType::BF16 => {
-            let mut dst = vec![0.0f32; m * k];
+            let mut dst = vec![bf16::ZERO; m * k];
             let g = rows(&output_grad, m, n);
             product_bf16(&mut dst, k, &g, &transposed(&plain(&weight)), false);
-            narrow_bf16(dst, out_dims)
+            half_tensor(dst, out_dims)
         }
         DType::F16 => super::from_f32(
             x_backward(super::to_f32(weight), super::to_f32(output_grad)),
@@ -113,10 +115,10 @@ pub(super) fn weight_backward(x: FlexTensor, output_grad: FlexTensor) -> FlexTen
             tensor(dst, vec![k, n], DType::F32)
         }
         DType::BF16 => {
-            let mut dst = vec![0.0f32; k * n];
+            let mut dst = vec![bf16::ZERO; k * n];
             let (xt, g) = (transposed(rows(&x, m, k)), rows(&output_grad, m, n));
             product_bf16(&mut dst, n, &xt, &g, false);
-            narrow_bf16(dst, vec![k, n])
+            half_tensor(dst, vec![k, n])
         }
         DType::F16 => super::from_f32(
             weight_backward(super::to_f32(x), super::to_f32(output_grad)),
@@ -267,16 +269,17 @@ fn rows(tensor: &FlexTensor, m: usize, cols: usize) -> Operand {
 }
 
 /// The product's starting value: the bias in every row, or zeros.
-fn start_value(bias: Option<&FlexTensor>, m: usize, n: usize) -> Vec<f32> {
+fn start_value<O: Output>(bias: Option<&FlexTensor>, m: usize, n: usize) -> Vec<O> {
     let Some(bias) = bias else {
-        return vec![0.0; m * n];
+        return vec![O::from_f32(0.0); m * n];
     };
-    let bias = super::to_f32(bias.clone()).to_contiguous();
-    let start = bias.layout().start_offset();
-    let b = &bias.storage::<f32>()[start..start + n];
+    let b: Vec<O> = parameter(&super::to_f32(bias.clone()))
+        .into_iter()
+        .map(O::from_f32)
+        .collect();
     let mut dst = Vec::with_capacity(m * n);
     for _ in 0..m {
-        dst.extend_from_slice(b);
+        dst.extend_from_slice(&b);
     }
     dst
 }
@@ -302,13 +305,16 @@ fn parameter(tensor: &FlexTensor) -> Vec<f32> {
     t.storage::<f32>()[start..start + t.layout().num_elements()].to_vec()
 }
 
-/// `dst (+)= lhs · rhs` of `bf16` operands, accumulated in `f32`.
-fn product_bf16(dst: &mut [f32], stride: usize, lhs: &Operand, rhs: &Operand, accumulate: bool) {
+/// `dst (+)= lhs · rhs` of `bf16` operands, accumulated in `f32` and rounded once to `O`.
+fn product_bf16<O: Output>(
+    dst: &mut [O],
+    stride: usize,
+    lhs: &Operand,
+    rhs: &Operand,
+    accumulate: bool,
+) {
     let (a, b) = (lhs.mat::<bf16>(), rhs.mat::<bf16>());
     if a.shape()[0] == 0 || b.shape()[1] == 0 || a.shape()[1] == 0 {
-        if !accumulate {
-            dst.fill(0.0);
-        }
         return;
     }
     burn_cpu_kernels::bf16::matmul(dst, stride, a, b, 1.0, accumulate, true);
@@ -319,6 +325,14 @@ fn tensor(values: Vec<f32>, dims: Vec<usize>, dtype: DType) -> FlexTensor {
         Bytes::from_elems(values),
         Layout::contiguous(Shape::from(dims)),
         dtype,
+    )
+}
+
+fn half_tensor(values: Vec<bf16>, dims: Vec<usize>) -> FlexTensor {
+    FlexTensor::new(
+        Bytes::from_elems(values),
+        Layout::contiguous(Shape::from(dims)),
+        DType::BF16,
     )
 }
 

@@ -389,7 +389,7 @@ fn float_reshape(tensor: FloatTensor<FastFlex>, shape: burn::tensor::Shape) -> F
 fn scalar_op(
     tensor: FlexTensor,
     scalar: burn_backend::Scalar,
-    op: fn(f32, f32) -> f32,
+    op: impl Fn(f32, f32) -> f32 + Copy + Sync,
     flex: fn(FlexTensor, burn_backend::Scalar) -> FlexTensor,
 ) -> FlexTensor {
     let s = scalar.elem::<f32>();
