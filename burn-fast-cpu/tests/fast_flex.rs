@@ -19,10 +19,10 @@ const DEVICE: FlexDevice = FlexDevice;
 
 #[path = "../../testing/close.rs"]
 mod close;
-#[path = "../../testing/own_process.rs"]
-mod own_process;
 #[path = "fast_flex/ops.rs"]
 mod ops;
+#[path = "../../testing/own_process.rs"]
+mod own_process;
 
 /// Casts every float parameter to a dtype, as a new leaf (so that its gradient is kept).
 /// Parameters are initialised lazily, at first use: cast them only after
@@ -426,8 +426,10 @@ fn portable_matches_the_references() {
         let x = Tensor::<FastFlex, 3>::from_data(data.clone(), &DEVICE) * 4.0;
         let x32 = Tensor::<Flex, 3>::from_data(data, &DEVICE) * 4.0;
         let w = TensorData::new(values(40 * 9, 61), [40, 9]);
-        let linear = burn::tensor::module::linear(x.clone(), Tensor::from_data(w.clone(), &DEVICE), None);
-        let linear32 = burn::tensor::module::linear(x32.clone(), Tensor::from_data(w, &DEVICE), None);
+        let linear =
+            burn::tensor::module::linear(x.clone(), Tensor::from_data(w.clone(), &DEVICE), None);
+        let linear32 =
+            burn::tensor::module::linear(x32.clone(), Tensor::from_data(w, &DEVICE), None);
         let cases: [(&str, Tensor<FastFlex, 3>, Tensor<Flex, 3>); 4] = [
             ("linear", linear, linear32),
             ("gelu", gelu(x.clone()), gelu(x32.clone())),

@@ -176,7 +176,13 @@ fn main() -> anyhow::Result<()> {
 
     if args.profile {
         for &(batch, seq) in &shapes {
-            profile(&config, batch, seq, &draw_lengths(batch, seq, args.seed), args.seed)?;
+            profile(
+                &config,
+                batch,
+                seq,
+                &draw_lengths(batch, seq, args.seed),
+                args.seed,
+            )?;
         }
         return Ok(());
     }
@@ -298,7 +304,10 @@ fn profile(
         println!(
             "\n{} at {batch}×{seq}, one forward:\n{}",
             if half { "fast-bf16" } else { "fast-f32" },
-            profile.key_averages().sorted_by(SortBy::TotalTime).limit(14)
+            profile
+                .key_averages()
+                .sorted_by(SortBy::TotalTime)
+                .limit(14)
         );
     }
     Ok(())
@@ -374,7 +383,6 @@ fn inputs<B: Backend>(
         Tensor::from_data(TensorData::new(mask, [batch, seq]), &device),
     )
 }
-
 
 /// Every `Linear` of the encoder through Burn's `Module::quantize_weights` (symmetric `int8`,
 /// one scale per tensor, min-max calibration), as `quantize_dynamic` quantizes PyTorch's

@@ -52,12 +52,20 @@ pub(super) fn forward(
         DType::F32 => {
             let mut out = vec![0.0f32; b * h * sq * dv];
             run::<f32>(&mut out, query, key, value, mask, bias, options);
-            Some(FlexTensor::new(Bytes::from_elems(out), Layout::contiguous(shape), dtype))
+            Some(FlexTensor::new(
+                Bytes::from_elems(out),
+                Layout::contiguous(shape),
+                dtype,
+            ))
         }
         DType::BF16 => {
             let mut out = vec![bf16::ZERO; b * h * sq * dv];
             run::<bf16>(&mut out, query, key, value, mask, bias, options);
-            Some(FlexTensor::new(Bytes::from_elems(out), Layout::contiguous(shape), dtype))
+            Some(FlexTensor::new(
+                Bytes::from_elems(out),
+                Layout::contiguous(shape),
+                dtype,
+            ))
         }
         _ => None,
     }

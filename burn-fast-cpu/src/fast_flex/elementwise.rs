@@ -59,7 +59,9 @@ pub(super) fn unary(
             });
             FlexTensor::new(Bytes::from_elems(out), layout, DType::F32)
         }
-        DType::BF16 => half_unary::<bf16>(&tensor.storage::<bf16>()[start..start + len], layout, &op),
+        DType::BF16 => {
+            half_unary::<bf16>(&tensor.storage::<bf16>()[start..start + len], layout, &op)
+        }
         _ => half_unary::<f16>(&tensor.storage::<f16>()[start..start + len], layout, &op),
     })
 }
@@ -91,7 +93,7 @@ fn pieces_in_place<T: Send>(values: &mut [T], f: impl Fn(&mut [T]) + Sync) {
     if values.len() <= PIECE {
         f(values);
     } else {
-        values.par_chunks_mut(PIECE).for_each(|piece| f(piece));
+        values.par_chunks_mut(PIECE).for_each(&f);
     }
 }
 
@@ -111,7 +113,10 @@ pub(super) fn binary(
     let (sa, sb) = (a.layout().start_offset(), b.layout().start_offset());
     Some(match a.dtype() {
         DType::F32 => {
-            let (x, y) = (&a.storage::<f32>()[sa..sa + len], &b.storage::<f32>()[sb..sb + len]);
+            let (x, y) = (
+                &a.storage::<f32>()[sa..sa + len],
+                &b.storage::<f32>()[sb..sb + len],
+            );
             let mut out = vec![0.0f32; len];
             out.par_chunks_mut(PIECE)
                 .zip(x.par_chunks(PIECE).zip(y.par_chunks(PIECE)))

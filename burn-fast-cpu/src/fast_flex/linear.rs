@@ -31,7 +31,13 @@ pub(super) fn forward(x: FlexTensor, weight: FlexTensor, bias: Option<FlexTensor
         DType::F32 => {
             let mut dst = vec![0.0f32; m * n];
             let bias = bias.map(|b| parameter(&b));
-            product_f32(&mut dst, n, &rows(&x, m, k), &plain(&weight), bias.as_deref());
+            product_f32(
+                &mut dst,
+                n,
+                &rows(&x, m, k),
+                &plain(&weight),
+                bias.as_deref(),
+            );
             tensor(dst, out_dims, DType::F32)
         }
         DType::BF16 => {
@@ -58,7 +64,10 @@ pub(super) fn x_backward(weight: FlexTensor, output_grad: FlexTensor) -> FlexTen
     let dims = output_grad.layout().shape().to_vec();
     let n = *dims.last().expect("linear gradient of rank 0");
     let [k, n_w] = matrix_dims(&weight);
-    assert_eq!(n, n_w, "linear_x_backward: gradient width {n}, weight columns {n_w}");
+    assert_eq!(
+        n, n_w,
+        "linear_x_backward: gradient width {n}, weight columns {n_w}"
+    );
     let m = leading(&dims);
     let mut out_dims = dims.clone();
     *out_dims.last_mut().expect("rank ≥ 1") = k;
@@ -98,7 +107,11 @@ pub(super) fn weight_backward(x: FlexTensor, output_grad: FlexTensor) -> FlexTen
     let k = *x_dims.last().expect("linear input of rank 0");
     let n = *g_dims.last().expect("linear gradient of rank 0");
     let m = leading(&x_dims);
-    assert_eq!(m, leading(&g_dims), "linear_weight_backward: {x_dims:?} and {g_dims:?}");
+    assert_eq!(
+        m,
+        leading(&g_dims),
+        "linear_weight_backward: {x_dims:?} and {g_dims:?}"
+    );
     let transposed = |o: Operand| Operand {
         tensor: o.tensor,
         view: View {
@@ -202,7 +215,11 @@ fn leading(dims: &[usize]) -> usize {
 
 fn matrix_dims(weight: &FlexTensor) -> [usize; 2] {
     let shape = weight.layout().shape();
-    assert_eq!(shape.num_dims(), 2, "linear's weight must be 2-D, got {shape:?}");
+    assert_eq!(
+        shape.num_dims(),
+        2,
+        "linear's weight must be 2-D, got {shape:?}"
+    );
     [shape[0], shape[1]]
 }
 
@@ -230,7 +247,9 @@ fn rows(tensor: &FlexTensor, m: usize, cols: usize) -> Operand {
     let rank = dims.len();
     // The leading dimensions collapse into one row stride when each (of size > 1) steps
     // by the next one's stride times its size.
-    let outer: Vec<usize> = (0..rank.saturating_sub(1)).filter(|&d| dims[d] != 1).collect();
+    let outer: Vec<usize> = (0..rank.saturating_sub(1))
+        .filter(|&d| dims[d] != 1)
+        .collect();
     let collapses = outer
         .windows(2)
         .all(|pair| strides[pair[0]] == strides[pair[1]] * dims[pair[1]] as isize);

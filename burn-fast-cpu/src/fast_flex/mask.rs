@@ -15,7 +15,11 @@ const ROWS: usize = 256;
 /// `tensor` with `value` wherever `mask` (broadcast to its shape) is true, or `None` where
 /// this path does not apply (the mask's rank or shape does not broadcast onto the tensor's,
 /// a mask stored as `u32`, `f64`): then Flex's runs.
-pub(super) fn mask_fill(tensor: FlexTensor, mask: &FlexTensor, value: f64) -> Result<FlexTensor, FlexTensor> {
+pub(super) fn mask_fill(
+    tensor: FlexTensor,
+    mask: &FlexTensor,
+    value: f64,
+) -> Result<FlexTensor, FlexTensor> {
     let dims = tensor.layout().shape().to_vec();
     let mask_dims = mask.layout().shape().to_vec();
     let bytes = matches!(

@@ -202,11 +202,7 @@ fn linear(
 }
 
 /// `linear` composed of Flex's operations: `x` flattened to 2-D, one product, the bias added.
-fn flex_linear(
-    x: FlexTensor,
-    weight: FlexTensor,
-    bias: Option<FlexTensor>,
-) -> FlexTensor {
+fn flex_linear(x: FlexTensor, weight: FlexTensor, bias: Option<FlexTensor>) -> FlexTensor {
     use burn_backend::ops::FloatTensorOps;
     let dims = x.layout().shape().to_vec();
     let k = dims[dims.len() - 1];
@@ -266,7 +262,10 @@ fn linear_bias_backward(output_grad: FloatTensor<FastFlex>) -> FloatTensor<FastF
     let n = dims[dims.len() - 1];
     let m = dims[..dims.len() - 1].iter().product::<usize>();
     let g = Flex::float_reshape(output_grad, burn::tensor::Shape::from(vec![m, n]));
-    Flex::float_reshape(Flex::float_sum_dim(g, 0), burn::tensor::Shape::from(vec![n]))
+    Flex::float_reshape(
+        Flex::float_sum_dim(g, 0),
+        burn::tensor::Shape::from(vec![n]),
+    )
 }
 
 /// The exact GELU, vectorised ([`math::gelu_in_place`](burn_cpu_kernels::math::gelu_in_place));
@@ -304,8 +303,15 @@ fn attention(
         );
         return from_f32(out, FloatDType::F16);
     }
-    attention::forward(&query, &key, &value, mask.as_ref(), attn_bias.as_ref(), &options)
-        .unwrap_or_else(|| Flex::attention(query, key, value, mask, attn_bias, options))
+    attention::forward(
+        &query,
+        &key,
+        &value,
+        mask.as_ref(),
+        attn_bias.as_ref(),
+        &options,
+    )
+    .unwrap_or_else(|| Flex::attention(query, key, value, mask, attn_bias, options))
 }
 
 /// `eˣ`, vectorised; `f64` is Flex's.
@@ -330,7 +336,8 @@ fn float_tanh(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
 /// dimensions and `f64` are Flex's.
 fn softmax(tensor: FloatTensor<FastFlex>, dim: usize) -> FloatTensor<FastFlex> {
     use burn_backend::ops::ActivationOps;
-    rows::softmax(tensor, dim).unwrap_or_else(|tensor| via_f32_half(tensor, |t| Flex::softmax(t, dim)))
+    rows::softmax(tensor, dim)
+        .unwrap_or_else(|tensor| via_f32_half(tensor, |t| Flex::softmax(t, dim)))
 }
 
 /// Log-softmax over the last dimension, as [`softmax`].
@@ -375,7 +382,10 @@ fn float_mask_fill(
 
 /// Flex's `reshape`, but a permuted tensor whose last dimension is contiguous is copied row by
 /// row ([`copy`](mod@copy)), where Flex copies it one element at a time.
-fn float_reshape(tensor: FloatTensor<FastFlex>, shape: burn::tensor::Shape) -> FloatTensor<FastFlex> {
+fn float_reshape(
+    tensor: FloatTensor<FastFlex>,
+    shape: burn::tensor::Shape,
+) -> FloatTensor<FastFlex> {
     use burn_backend::ops::FloatTensorOps;
     if tensor.layout().is_contiguous() {
         return Flex::float_reshape(tensor, shape);
@@ -402,19 +412,28 @@ fn scalar_op(
 }
 
 /// `tensor / scalar`, as [`scalar_op`].
-fn float_div_scalar(tensor: FloatTensor<FastFlex>, scalar: burn_backend::Scalar) -> FloatTensor<FastFlex> {
+fn float_div_scalar(
+    tensor: FloatTensor<FastFlex>,
+    scalar: burn_backend::Scalar,
+) -> FloatTensor<FastFlex> {
     use burn_backend::ops::FloatTensorOps;
     scalar_op(tensor, scalar, |v, s| v / s, Flex::float_div_scalar)
 }
 
 /// `tensor · scalar`, as [`scalar_op`].
-fn float_mul_scalar(tensor: FloatTensor<FastFlex>, scalar: burn_backend::Scalar) -> FloatTensor<FastFlex> {
+fn float_mul_scalar(
+    tensor: FloatTensor<FastFlex>,
+    scalar: burn_backend::Scalar,
+) -> FloatTensor<FastFlex> {
     use burn_backend::ops::FloatTensorOps;
     scalar_op(tensor, scalar, |v, s| v * s, Flex::float_mul_scalar)
 }
 
 /// `tensor + scalar`, as [`scalar_op`].
-fn float_add_scalar(tensor: FloatTensor<FastFlex>, scalar: burn_backend::Scalar) -> FloatTensor<FastFlex> {
+fn float_add_scalar(
+    tensor: FloatTensor<FastFlex>,
+    scalar: burn_backend::Scalar,
+) -> FloatTensor<FastFlex> {
     use burn_backend::ops::FloatTensorOps;
     scalar_op(tensor, scalar, |v, s| v + s, Flex::float_add_scalar)
 }

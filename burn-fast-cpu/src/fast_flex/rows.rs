@@ -114,8 +114,7 @@ pub(super) fn layer_norm(
     epsilon: f64,
 ) -> Result<FlexTensor, FlexTensor> {
     let n = tensor.layout().shape().last().copied().unwrap_or(0);
-    if gamma.layout().num_elements() != n || beta.is_some_and(|b| b.layout().num_elements() != n)
-    {
+    if gamma.layout().num_elements() != n || beta.is_some_and(|b| b.layout().num_elements() != n) {
         return Err(tensor);
     }
     let gamma = parameter(gamma);

@@ -4,7 +4,7 @@
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::Module;
-use burn::nn::{LinearConfig, LayerNormConfig};
+use burn::nn::{LayerNormConfig, LinearConfig};
 use burn::tensor::activation::gelu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Tensor, TensorData};
@@ -45,12 +45,32 @@ fn linear_matches_flex_at_every_rank_and_layout() {
     let (wt, wt32) = both([19, 37], 3);
     let (wt, wt32) = (wt.transpose(), wt32.transpose());
     let (x1, x1_32) = both([37], 4);
-    close(linear(x1.clone(), w.clone(), Some(b.clone())), linear(x1_32, w32.clone(), Some(b32.clone())), 1e-5, "rank 1");
+    close(
+        linear(x1.clone(), w.clone(), Some(b.clone())),
+        linear(x1_32, w32.clone(), Some(b32.clone())),
+        1e-5,
+        "rank 1",
+    );
     let (x2, x2_32) = both([5, 37], 5);
-    close(linear(x2.clone(), w.clone(), None), linear(x2_32.clone(), w32.clone(), None), 1e-5, "rank 2");
-    close(linear(x2, wt.clone(), Some(b.clone())), linear(x2_32, wt32.clone(), Some(b32.clone())), 1e-5, "transposed weight");
+    close(
+        linear(x2.clone(), w.clone(), None),
+        linear(x2_32.clone(), w32.clone(), None),
+        1e-5,
+        "rank 2",
+    );
+    close(
+        linear(x2, wt.clone(), Some(b.clone())),
+        linear(x2_32, wt32.clone(), Some(b32.clone())),
+        1e-5,
+        "transposed weight",
+    );
     let (x3, x3_32) = both([3, 7, 37], 6);
-    close(linear(x3.clone(), w.clone(), Some(b.clone())), linear(x3_32.clone(), w32.clone(), Some(b32.clone())), 1e-5, "rank 3");
+    close(
+        linear(x3.clone(), w.clone(), Some(b.clone())),
+        linear(x3_32.clone(), w32.clone(), Some(b32.clone())),
+        1e-5,
+        "rank 3",
+    );
     // [7, 3, 37] seen as [3, 7, 37]: the two leading dimensions do not collapse.
     let (p, p32) = both([7, 3, 37], 7);
     close(
@@ -83,7 +103,12 @@ fn linear_matches_flex_at_every_rank_and_layout() {
         "expanded batch",
     );
     let (x4, x4_32) = both([2, 3, 4, 37], 10);
-    close(linear(x4, w.clone(), Some(b.clone())), linear(x4_32, w32.clone(), Some(b32.clone())), 1e-5, "rank 4");
+    close(
+        linear(x4, w.clone(), Some(b.clone())),
+        linear(x4_32, w32.clone(), Some(b32.clone())),
+        1e-5,
+        "rank 4",
+    );
     // Empty batch.
     let empty = Tensor::<FastFlex, 3>::zeros([0, 4, 37], &DEVICE);
     assert_eq!(linear(empty, w, Some(b)).dims(), [0, 4, 19]);
@@ -100,11 +125,18 @@ fn half_linear_matches_f64() {
         let (b, b32) = super::pair([33], 42, dtype);
         let got = linear(x, w, Some(b));
         assert_eq!((got.dims(), got.dtype()), ([3, 11, 33], dtype));
-        let want = linear(x32.cast(DType::F64), w32.cast(DType::F64), Some(b32.cast(DType::F64)));
+        let want = linear(
+            x32.cast(DType::F64),
+            w32.cast(DType::F64),
+            Some(b32.cast(DType::F64)),
+        );
         let bits = if dtype == DType::BF16 { -8 } else { -11 };
         let got = got.into_data().convert::<f64>();
         for (g, w) in got.iter::<f64>().zip(want.into_data().iter::<f64>()) {
-            assert!((g - w).abs() <= w.abs() * 2f64.powi(bits) + 1e-5, "{dtype:?}: {g} against {w}");
+            assert!(
+                (g - w).abs() <= w.abs() * 2f64.powi(bits) + 1e-5,
+                "{dtype:?}: {g} against {w}"
+            );
         }
     }
 }
@@ -135,7 +167,8 @@ fn linear_and_gelu_train_like_flex() {
         let y = net.norm.forward(net.down.forward(h) + x.clone());
         let loss = (y.clone() * y.clone().sin()).sum();
         let grads = loss.backward();
-        let f = |t: Tensor<B::InnerBackend, 1>| t.into_data().convert::<f32>().to_vec::<f32>().unwrap();
+        let f =
+            |t: Tensor<B::InnerBackend, 1>| t.into_data().convert::<f32>().to_vec::<f32>().unwrap();
         vec![
             f(y.inner().flatten(0, 2)),
             f(x.grad(&grads).unwrap().flatten(0, 2)),
@@ -147,10 +180,22 @@ fn linear_and_gelu_train_like_flex() {
     }
     let ours = run::<Autodiff<FastFlex>>();
     let flex = run::<Autodiff<Flex>>();
-    let names = ["y", "∂x", "∂up.weight", "∂up.bias", "∂down.weight", "∂norm.gamma"];
+    let names = [
+        "y",
+        "∂x",
+        "∂up.weight",
+        "∂up.bias",
+        "∂down.weight",
+        "∂norm.gamma",
+    ];
     for ((got, want), name) in ours.into_iter().zip(flex).zip(names) {
         let n = got.len();
-        assert_close_within(TensorData::new(got, [n]), TensorData::new(want, [n]), 1e-4, name);
+        assert_close_within(
+            TensorData::new(got, [n]),
+            TensorData::new(want, [n]),
+            1e-4,
+            name,
+        );
     }
 }
 
@@ -170,15 +215,28 @@ fn bf16_training_follows_f32() {
         let y = gelu(up.forward(x.clone()));
         let grads = (y.clone() * y.clone()).sum().backward();
         let gw = up.weight.grad(&grads).unwrap().cast(DType::F32);
-        let gb = up.bias.as_ref().unwrap().grad(&grads).unwrap().cast(DType::F32);
-        (y.inner().cast(DType::F32).flatten::<1>(0, 2), gw.flatten::<1>(0, 1), gb)
+        let gb = up
+            .bias
+            .as_ref()
+            .unwrap()
+            .grad(&grads)
+            .unwrap()
+            .cast(DType::F32);
+        (
+            y.inner().cast(DType::F32).flatten::<1>(0, 2),
+            gw.flatten::<1>(0, 1),
+            gb,
+        )
     };
     let (y16, w16, b16) = run(DType::BF16);
     let (y32, w32, b32) = run(DType::F32);
     for (what, got, want) in [("y", y16, y32), ("∂w", w16, w32), ("∂b", b16, b32)] {
         let scale = want.clone().abs().max().into_scalar();
         let gap = (got - want).abs().max().into_scalar();
-        assert!(gap <= 16.0 * 2f32.powi(-7) * scale, "{what}: {gap} of {scale}");
+        assert!(
+            gap <= 16.0 * 2f32.powi(-7) * scale,
+            "{what}: {gap} of {scale}"
+        );
     }
 }
 
@@ -190,12 +248,22 @@ fn gelu_matches_flex() {
     let a = a * 6.0;
     let a32 = a32 * 6.0;
     close(gelu(a.clone()), gelu(a32.clone()), 1e-6, "gelu");
-    close(gelu(a.clone().transpose()), gelu(a32.clone().transpose()), 1e-6, "gelu transposed");
+    close(
+        gelu(a.clone().transpose()),
+        gelu(a32.clone().transpose()),
+        1e-6,
+        "gelu transposed",
+    );
     let x = Tensor::<Autodiff<FastFlex>, 2>::from_inner(a).require_grad();
     let x32 = Tensor::<Autodiff<Flex>, 2>::from_inner(a32).require_grad();
     let g = gelu(x.clone()).sum().backward();
     let g32 = gelu(x32.clone()).sum().backward();
-    close(x.grad(&g).unwrap(), x32.grad(&g32).unwrap(), 1e-6, "gelu backward");
+    close(
+        x.grad(&g).unwrap(),
+        x32.grad(&g32).unwrap(),
+        1e-6,
+        "gelu backward",
+    );
 }
 
 /// The vectorised functions in `bf16` and `f16`: Flex's `f32` result on the same values,
@@ -213,8 +281,16 @@ fn half_math_is_within_one_rounding() {
             ("erf", a.clone().erf(), a32.clone().erf()),
             ("tanh", a.clone().tanh(), a32.clone().tanh()),
             ("softmax", softmax(t.clone(), 1), softmax(t32.clone(), 1)),
-            ("log_softmax", log_softmax(a.clone(), 1), log_softmax(a32.clone(), 1)),
-            ("softmax, first dimension", softmax(a.clone(), 0), softmax(a32.clone(), 0)),
+            (
+                "log_softmax",
+                log_softmax(a.clone(), 1),
+                log_softmax(a32.clone(), 1),
+            ),
+            (
+                "softmax, first dimension",
+                softmax(a.clone(), 0),
+                softmax(a32.clone(), 0),
+            ),
         ];
         for (what, got, want) in cases {
             assert_eq!(got.dtype(), dtype, "{what}");
@@ -255,10 +331,30 @@ fn f32_math_and_rows_match_flex() {
     close(a.clone().exp(), a32.clone().exp(), 1e-6, "exp");
     close(a.clone().erf(), a32.clone().erf(), 1e-6, "erf");
     close(a.clone().tanh(), a32.clone().tanh(), 1e-6, "tanh");
-    close(softmax(a.clone(), 3), softmax(a32.clone(), 3), 1e-6, "softmax");
-    close(softmax(a.clone().swap_dims(2, 3), 3), softmax(a32.clone().swap_dims(2, 3), 3), 1e-6, "softmax transposed");
-    close(softmax(a.clone(), 1), softmax(a32.clone(), 1), 1e-6, "softmax, dimension 1");
-    close(log_softmax(a.clone(), 3), log_softmax(a32.clone(), 3), 1e-6, "log_softmax");
+    close(
+        softmax(a.clone(), 3),
+        softmax(a32.clone(), 3),
+        1e-6,
+        "softmax",
+    );
+    close(
+        softmax(a.clone().swap_dims(2, 3), 3),
+        softmax(a32.clone().swap_dims(2, 3), 3),
+        1e-6,
+        "softmax transposed",
+    );
+    close(
+        softmax(a.clone(), 1),
+        softmax(a32.clone(), 1),
+        1e-6,
+        "softmax, dimension 1",
+    );
+    close(
+        log_softmax(a.clone(), 3),
+        log_softmax(a32.clone(), 3),
+        1e-6,
+        "log_softmax",
+    );
     let (g, g32) = both([45], 51);
     let (b, b32) = both([45], 52);
     close(
@@ -300,8 +396,9 @@ fn attention_matches_flex() {
     let split = |t: Tensor<FastFlex, 4>| t.swap_dims(1, 2);
     let split32 = |t: Tensor<Flex, 4>| t.swap_dims(1, 2);
     let pad: Vec<bool> = (0..b * sk).map(|i| i % sk >= 5 && i / sk == 1).collect();
-    let mask = T::<FastFlex, 4, Bool>::from_data(TensorData::new(pad.clone(), [b, 1, 1, sk]), &DEVICE)
-        .expand([b, h, sq, sk]);
+    let mask =
+        T::<FastFlex, 4, Bool>::from_data(TensorData::new(pad.clone(), [b, 1, 1, sk]), &DEVICE)
+            .expand([b, h, sq, sk]);
     let mask32 = T::<Flex, 4, Bool>::from_data(TensorData::new(pad, [b, 1, 1, sk]), &DEVICE)
         .expand([b, h, sq, sk]);
     let (bias, bias32) = both([b, h, sq, sk], 33);
@@ -311,7 +408,11 @@ fn attention_matches_flex() {
         ("softcap and scale", Some(0.7), false, Some(1.5)),
     ];
     for (what, softcap, causal, scale) in cases {
-        let options = AttentionModuleOptions { scale, softcap, is_causal: causal };
+        let options = AttentionModuleOptions {
+            scale,
+            softcap,
+            is_causal: causal,
+        };
         for masked in [false, true] {
             let got = attention(
                 split(q.clone()),
@@ -334,24 +435,58 @@ fn attention_matches_flex() {
     }
     // Every key masked for the second sequence: zeros, as Flex's.
     let all = T::<FastFlex, 4, Bool>::from_data(
-        TensorData::new((0..b * sk).map(|i| i / sk == 1).collect::<Vec<_>>(), [b, 1, 1, sk]),
+        TensorData::new(
+            (0..b * sk).map(|i| i / sk == 1).collect::<Vec<_>>(),
+            [b, 1, 1, sk],
+        ),
         &DEVICE,
     );
     let all32 = T::<Flex, 4, Bool>::from_data(all.clone().into_data(), &DEVICE);
     let options = AttentionModuleOptions::default();
     close(
-        attention(split(q.clone()), split(k.clone()), split(v.clone()), Some(all), None, options),
-        attention(split32(q32.clone()), split32(k32.clone()), split32(v32.clone()), Some(all32), None, options),
+        attention(
+            split(q.clone()),
+            split(k.clone()),
+            split(v.clone()),
+            Some(all),
+            None,
+            options,
+        ),
+        attention(
+            split32(q32.clone()),
+            split32(k32.clone()),
+            split32(v32.clone()),
+            Some(all32),
+            None,
+            options,
+        ),
         1e-5,
         "fully masked rows",
     );
     // bf16: the f32 result of the same (rounded) inputs, within bf16's rounding.
     let half = |t: &Tensor<FastFlex, 4>| split(t.clone()).cast(DType::BF16);
-    let got = attention(half(&q), half(&k), half(&v), None, None, AttentionModuleOptions::default());
+    let got = attention(
+        half(&q),
+        half(&k),
+        half(&v),
+        None,
+        None,
+        AttentionModuleOptions::default(),
+    );
     assert_eq!(got.dtype(), DType::BF16);
     let exact = |t: &Tensor<FastFlex, 4>| split(t.clone()).cast(DType::BF16).cast(DType::F32);
-    let want = attention(exact(&q), exact(&k), exact(&v), None, None, AttentionModuleOptions::default());
-    let gap = (got.cast(DType::F32) - want.clone()).abs().max().into_scalar();
+    let want = attention(
+        exact(&q),
+        exact(&k),
+        exact(&v),
+        None,
+        None,
+        AttentionModuleOptions::default(),
+    );
+    let gap = (got.cast(DType::F32) - want.clone())
+        .abs()
+        .max()
+        .into_scalar();
     let scale = want.abs().max().into_scalar();
     assert!(gap <= 2f32.powi(-8) * scale, "bf16: {gap} of {scale}");
 }
@@ -362,26 +497,39 @@ fn attention_matches_flex() {
 /// it (`mask_fill`, the activations, softmax) leave a tensor that is still held unchanged.
 #[test]
 fn mask_fill_and_in_place_operations_match_flex() {
-    use burn::tensor::activation::softmax;
     use burn::tensor::Bool;
+    use burn::tensor::activation::softmax;
     let (b, h, s) = (2, 3, 9);
     let (x, x32) = both([b, h, s, s], 70);
     let pad: Vec<bool> = (0..b * s).map(|i| i % s >= 6 - i / s).collect();
-    let pad_ours = Tensor::<FastFlex, 4, Bool>::from_data(TensorData::new(pad.clone(), [b, 1, 1, s]), &DEVICE);
+    let pad_ours =
+        Tensor::<FastFlex, 4, Bool>::from_data(TensorData::new(pad.clone(), [b, 1, 1, s]), &DEVICE);
     let pad_flex = Tensor::<Flex, 4, Bool>::from_data(TensorData::new(pad, [b, 1, 1, s]), &DEVICE);
     let full: Vec<bool> = (0..b * h * s * s).map(|i| (i * 7) % 5 == 0).collect();
-    let full_ours = Tensor::<FastFlex, 4, Bool>::from_data(TensorData::new(full.clone(), [b, h, s, s]), &DEVICE);
-    let full_flex = Tensor::<Flex, 4, Bool>::from_data(TensorData::new(full, [b, h, s, s]), &DEVICE);
+    let full_ours = Tensor::<FastFlex, 4, Bool>::from_data(
+        TensorData::new(full.clone(), [b, h, s, s]),
+        &DEVICE,
+    );
+    let full_flex =
+        Tensor::<Flex, 4, Bool>::from_data(TensorData::new(full, [b, h, s, s]), &DEVICE);
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         let (x, x32) = (x.clone().cast(dtype), x32.clone().cast(dtype));
         let cases = [
             ("padding", pad_ours.clone(), pad_flex.clone()),
             ("full", full_ours.clone(), full_flex.clone()),
-            ("transposed", full_ours.clone().swap_dims(2, 3), full_flex.clone().swap_dims(2, 3)),
+            (
+                "transposed",
+                full_ours.clone().swap_dims(2, 3),
+                full_flex.clone().swap_dims(2, 3),
+            ),
         ];
         for (what, mask, mask32) in cases {
             let got = x.clone().mask_fill(mask, -1e4).cast(DType::F32).into_data();
-            let want = x32.clone().mask_fill(mask32, -1e4).cast(DType::F32).into_data();
+            let want = x32
+                .clone()
+                .mask_fill(mask32, -1e4)
+                .cast(DType::F32)
+                .into_data();
             assert_eq!(got, want, "{dtype:?} {what}");
         }
         // The held input is unchanged by each operation on its clone.
@@ -392,11 +540,20 @@ fn mask_fill_and_in_place_operations_match_flex() {
         let _ = x.clone().exp();
         let _ = x.clone() / 3.0;
         let _ = x.clone() + x.clone();
-        assert_eq!(x.clone().cast(DType::F32).into_data(), before, "{dtype:?}: the input changed");
+        assert_eq!(
+            x.clone().cast(DType::F32).into_data(),
+            before,
+            "{dtype:?}: the input changed"
+        );
     }
     // A tensor no one else holds, filled in place: the same values.
     let alone = Tensor::<FastFlex, 4>::from_data(x.clone().into_data(), &DEVICE);
-    close(alone.mask_fill(pad_ours, 7.0), x32.mask_fill(pad_flex, 7.0), 0.0, "in place");
+    close(
+        alone.mask_fill(pad_ours, 7.0),
+        x32.mask_fill(pad_flex, 7.0),
+        0.0,
+        "in place",
+    );
 }
 
 /// Batched `f32` products as attention makes them (heads split by a permutation, the keys
@@ -414,10 +571,25 @@ fn batched_f32_products_match_flex() {
         "scores",
     );
     let (p, p32) = both([3, 5, 9, 11], 82);
-    close(p.clone().matmul(split(k.clone())), p32.clone().matmul(split32(k32.clone())), 1e-5, "context");
+    close(
+        p.clone().matmul(split(k.clone())),
+        p32.clone().matmul(split32(k32.clone())),
+        1e-5,
+        "context",
+    );
     let (w, w32) = both([1, 5, 11, 7], 83);
-    close(p.matmul(w.clone()), p32.matmul(w32.clone()), 1e-5, "broadcast right-hand side");
+    close(
+        p.matmul(w.clone()),
+        p32.matmul(w32.clone()),
+        1e-5,
+        "broadcast right-hand side",
+    );
     let (x, x32) = both([1, 1, 4, 5], 84);
     let (y, y32) = both([6, 2, 5, 3], 85);
-    close(x.matmul(y), x32.matmul(y32), 1e-5, "broadcast left-hand side");
+    close(
+        x.matmul(y),
+        x32.matmul(y32),
+        1e-5,
+        "broadcast left-hand side",
+    );
 }

@@ -27,12 +27,12 @@ mod autodiff;
 #[cfg(feature = "cubecl")]
 mod cubecl;
 #[cfg(feature = "flex")]
+mod fast_flex;
+#[cfg(feature = "flex")]
 mod flex;
 #[cfg(feature = "fusion")]
 mod fusion;
 mod gradients;
-#[cfg(feature = "flex")]
-mod fast_flex;
 #[cfg(feature = "ndarray")]
 mod ndarray;
 #[cfg(feature = "profile")]

@@ -10,9 +10,9 @@ mod conv;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod fast_flex;
 mod finite_differences;
 mod flex;
-mod fast_flex;
 mod ndarray;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;

@@ -252,10 +252,6 @@ macro_rules! with_backend {
                 type $b = burn_fast_cpu::FastFlex;
                 $body
             }
-            (BackendKind::Fast, _) => {
-                type $b = burn_fast_cpu::FastFlex;
-                $body
-            }
             (BackendKind::Ndarray, Dtype::F32) => {
                 type $b = NdArray;
                 $body
@@ -329,10 +325,7 @@ pub fn run(args: &BenchArgs) -> Result<Output, Box<dyn std::error::Error>> {
         serde_json::to_string_pretty(&rows)?,
     )?;
     plots::write_all(&rows, &dir).map_err(|e| format!("cannot draw the plots: {e}"))?;
-    if matches!(
-        args.backend,
-        BackendKind::Flex | BackendKind::Fast | BackendKind::Ndarray
-    ) {
+    if matches!(args.backend, BackendKind::Flex | BackendKind::Ndarray) {
         let sides = rows
             .iter()
             .map(|row| {
