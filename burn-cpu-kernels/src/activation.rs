@@ -45,7 +45,7 @@ impl Activation {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if crate::features().avx512 {
             // SAFETY: AVX-512F was detected.
             unsafe { apply_to_avx512(self, values) };
             return;
@@ -65,7 +65,7 @@ impl Activation {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
+        if crate::features().avx512 {
             // SAFETY: AVX-512F was detected.
             unsafe { backward_avx512(self, kept, grad) };
             return;

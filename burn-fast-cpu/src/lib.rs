@@ -1,9 +1,11 @@
 //! Burn backends for the CPU, built on the kernels of
 //! [burn-cpu-kernels](https://docs.rs/burn-cpu-kernels).
 //!
-//! - [`FastFlex`]: Burn's Flex backend with `bf16` and `f16` tensors computed at `f32`'s speed
-//!   (products on AVX512-BF16, element-wise work through one vectorised conversion). Use it
-//!   wherever Flex goes: `type B = Autodiff<FastFlex>` changes nothing else in a model.
+//! - [`FastFlex`]: Burn's Flex backend with the operations models spend their time in on
+//!   this project's kernels, in `f32`, `bf16` and `f16`: `linear` at any rank as one product
+//!   (its backward too), small batched products, fused attention, vectorised activations,
+//!   softmax, layer norm and `mask_fill`. Use it wherever Flex goes:
+//!   `type B = Autodiff<FastFlex>` changes nothing else in a model.
 //! - With the `memory` feature, burn-memory's `DeviceMemory` and `DeviceTransfer` for it, so
 //!   that the memory tools measure and place its tensors as Flex's.
 //!

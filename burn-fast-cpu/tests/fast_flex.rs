@@ -324,12 +324,18 @@ fn burn_linear_in_bf16_trains_like_f32() {
     }
 }
 
-/// A model the feature was not written for, in `bf16`: Linear, BatchNorm (training forward
+/// A model the feature was not written for, in `f32` and `bf16`: Linear, BatchNorm (training forward
 /// differs from inference) and Dropout (random masks, drawn from the same seeded generator):
 /// `FastFlex` and Flex agree in training and inference.
 #[test]
 fn batchnorm_and_dropout_agree_with_flex() {
     let _serial = crate::close::serial();
+    for dtype in [DType::F32, DType::BF16] {
+        batchnorm_and_dropout_in(dtype);
+    }
+}
+
+fn batchnorm_and_dropout_in(dtype: DType) {
     #[derive(Module, Debug)]
     struct Net<B: Backend> {
         fc: burn::nn::Linear<B>,
@@ -349,16 +355,16 @@ fn batchnorm_and_dropout_agree_with_flex() {
             self.drop.forward(self.norm.forward(y).squeeze_dim(2))
         }
     }
-    let outputs = |half: bool| -> Vec<Vec<f32>> {
+    let outputs = |ours: bool| -> Vec<Vec<f32>> {
         let mut out = Vec::new();
         macro_rules! run {
             ($b:ty) => {{
                 <$b as Backend>::seed(&DEVICE, 11);
                 let net = Net::<$b>::init(&DEVICE);
                 draw_params(&net);
-                let net = net.map(&mut Cast(DType::BF16));
-                let x = Tensor::<$b, 2>::random([19, 24], Distribution::Default, &DEVICE)
-                    .cast(DType::BF16);
+                let net = net.map(&mut Cast(dtype));
+                let x =
+                    Tensor::<$b, 2>::random([19, 24], Distribution::Default, &DEVICE).cast(dtype);
                 let train = net.forward(x.clone());
                 let y = net.forward(x.clone()); // updates the running statistics again
                 let valid = net.valid().forward(x.clone().inner());
@@ -367,7 +373,7 @@ fn batchnorm_and_dropout_agree_with_flex() {
                 }
             }};
         }
-        if half {
+        if ours {
             run!(Autodiff<FastFlex>)
         } else {
             run!(Autodiff<Flex>)
@@ -377,31 +383,48 @@ fn batchnorm_and_dropout_agree_with_flex() {
     let (ours, flex) = (outputs(true), outputs(false));
     for (step, (got, want)) in ours.iter().zip(&flex).enumerate() {
         let zeros = |v: &[f32]| v.iter().filter(|x| **x == 0.0).count();
-        assert_eq!(zeros(got), zeros(want), "step {step}: the dropout masks");
+        assert_eq!(
+            zeros(got),
+            zeros(want),
+            "{dtype:?} step {step}: the dropout masks"
+        );
         let scale = want.iter().fold(0f32, |s, v| s.max(v.abs()));
         for (g, w) in got.iter().zip(want) {
             assert!(
                 (g - w).abs() <= 4.0 * 2f32.powi(-7) * scale,
-                "step {step}: {g} against {w}"
+                "{dtype:?} step {step}: {g} against {w}"
             );
         }
     }
 }
 
-/// Several threads multiply and reduce at once: each gets what it gets alone.
+/// Several threads run `linear`, GELU, softmax and the products at once, in `bf16` and
+/// `f32`: each gets what it gets alone.
 #[test]
 fn threads_at_once() {
-    let (a, _) = pair([64, 48], 5, DType::BF16);
-    let (b, _) = pair([48, 80], 6, DType::BF16);
-    let alone = softmax(a.clone().matmul(b.clone()), 1).into_data();
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..4)
-            .map(|_| scope.spawn(|| softmax(a.clone().matmul(b.clone()), 1).into_data()))
-            .collect();
-        for handle in handles {
-            assert_eq!(handle.join().unwrap(), alone);
-        }
-    });
+    for dtype in [DType::BF16, DType::F32] {
+        let (a, _) = pair([64, 48], 5, dtype);
+        let (b, _) = pair([48, 80], 6, dtype);
+        let (x, _) = pair([3, 20, 48], 7, dtype);
+        let run = || {
+            let y = burn::tensor::activation::gelu(burn::tensor::module::linear(
+                x.clone(),
+                b.clone(),
+                None,
+            ));
+            (
+                softmax(a.clone().matmul(b.clone()), 1).into_data(),
+                softmax(y, 2).into_data(),
+            )
+        };
+        let alone = run();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4).map(|_| scope.spawn(run)).collect();
+            for handle in handles {
+                assert_eq!(handle.join().unwrap(), alone, "{dtype:?}");
+            }
+        });
+    }
 }
 
 /// With `BURN_SKETCH_PORTABLE=1`, in a process of its own (the choice is made once per

@@ -84,8 +84,8 @@ struct Args {
     /// Write every row as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Instead of timing: one forward of `fast-f32` and of `fast-bf16` per shape on
-    /// `Profiled<FastFlex>`, and the operations they spend their time in.
+    /// Instead of timing: one forward of `burn-flex-f32`, `fast-f32` and `fast-bf16` per
+    /// shape on burn-profiler's `Profiled`, and the operations they spend their time in.
     #[arg(long)]
     profile: bool,
 }
@@ -276,8 +276,8 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints where `fast-f32` and `fast-bf16` spend a forward at one shape: Burn's operations
-/// by total time, from one recorded forward after a warm-up.
+/// Prints where `burn-flex-f32`, `fast-f32` and `fast-bf16` spend a forward at one shape:
+/// Burn's operations by total time, from one recorded forward after a warm-up.
 fn profile(
     config: &EncoderConfig,
     batch: usize,
@@ -285,31 +285,50 @@ fn profile(
     lengths: &[usize],
     seed: u64,
 ) -> anyhow::Result<()> {
-    type P = Profiled<FastFlex>;
-    for half in [false, true] {
-        let device = Default::default();
-        P::seed(&device, seed);
-        let encoder = config.init::<P>(&device);
-        draw_params(&encoder);
-        let encoder = if half {
-            encoder.map(&mut CastTo(DType::BF16))
-        } else {
-            encoder
-        };
-        let (ids, mask) = inputs::<P>(batch, seq, lengths, config.vocab, seed);
-        let _ = encoder.forward(ids.clone(), mask.clone()).into_data();
-        let profiler = Profiler::start(ProfilerConfig::new())?;
-        let _ = encoder.forward(ids, mask).into_data();
-        let profile = profiler.stop();
-        println!(
-            "\n{} at {batch}×{seq}, one forward:\n{}",
-            if half { "fast-bf16" } else { "fast-f32" },
-            profile
-                .key_averages()
-                .sorted_by(SortBy::TotalTime)
-                .limit(14)
-        );
-    }
+    profile_on::<Flex>("burn-flex-f32", None, config, batch, seq, lengths, seed)?;
+    profile_on::<FastFlex>("fast-f32", None, config, batch, seq, lengths, seed)?;
+    profile_on::<FastFlex>(
+        "fast-bf16",
+        Some(DType::BF16),
+        config,
+        batch,
+        seq,
+        lengths,
+        seed,
+    )
+}
+
+/// [`profile`] of one form: the encoder on `Profiled<B>`, its parameters cast to `cast`.
+fn profile_on<B: Backend + burn_memory::DeviceMemory>(
+    form: &str,
+    cast: Option<DType>,
+    config: &EncoderConfig,
+    batch: usize,
+    seq: usize,
+    lengths: &[usize],
+    seed: u64,
+) -> anyhow::Result<()> {
+    type P<B> = Profiled<B>;
+    let device = Default::default();
+    P::<B>::seed(&device, seed);
+    let encoder = config.init::<P<B>>(&device);
+    draw_params(&encoder);
+    let encoder = match cast {
+        Some(dtype) => encoder.map(&mut CastTo(dtype)),
+        None => encoder,
+    };
+    let (ids, mask) = inputs::<P<B>>(batch, seq, lengths, config.vocab, seed);
+    let _ = encoder.forward(ids.clone(), mask.clone()).into_data();
+    let profiler = Profiler::start(ProfilerConfig::new())?;
+    let _ = encoder.forward(ids, mask).into_data();
+    let profile = profiler.stop();
+    println!(
+        "\n{form} at {batch}×{seq}, one forward:\n{}",
+        profile
+            .key_averages()
+            .sorted_by(SortBy::TotalTime)
+            .limit(12)
+    );
     Ok(())
 }
 

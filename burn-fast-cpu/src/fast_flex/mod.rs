@@ -1,6 +1,8 @@
-//! [`FastFlex`]: Flex, with `bf16` and `f16` tensors computed at `f32`'s speed. The
-//! forwarding of Burn's operation traits to Flex is generated ([`ops`], by
-//! `cargo backend-ops`).
+//! [`FastFlex`]: Flex, with the operations models spend their time in computed here, one
+//! module per concept: [`linear`](mod@linear), [`matmul`](mod@matmul), [`attention`](mod@attention),
+//! [`elementwise`](mod@elementwise), [`rows`](mod@rows) (softmax, layer norm), [`mask`](mod@mask),
+//! [`copy`](mod@copy) and [`convert`](mod@convert) (`f32` ↔ half). The forwarding of Burn's
+//! operation traits to Flex is generated ([`ops`], by `cargo backend-ops`).
 
 use burn::backend::Flex;
 use burn::backend::flex::{FlexDevice, FlexTensor};
@@ -20,12 +22,13 @@ mod matmul;
 mod ops;
 mod rows;
 
-/// Flex, with `bf16` and `f16` tensors computed at `f32`'s speed: Flex computes each half
-/// value through scalar conversions and multiplies `bf16` through `f32` copies. Its primitives
-/// are Flex's; `bf16` products run on [`bf16::matmul`](burn_cpu_kernels::bf16::matmul),
-/// half-precision arithmetic converts once to `f32`, runs Flex's operation and rounds once, and
-/// casts are one vectorised pass. Operations that only move values, and `f32`/`f64` tensors, are
-/// Flex's own (the book's *bf16 and int8 on the CPU* has the measurements).
+/// Flex, with the operations a model spends its time in on this project's CPU kernels, in
+/// `f32`, `bf16` and `f16`; its tensors are Flex's. Flex broadcasts `linear`'s weight into a
+/// batched product, calls a scalar `erff` per GELU value, copies broadcast masks and permuted
+/// tensors one element at a time, and computes half precision through scalar conversions:
+/// `FastFlex` runs `linear` (and its backward) as one product, GELU, `exp`, `erf`, `tanh`,
+/// softmax and layer norm on vectorised kernels, in place where it holds the only copy, and
+/// everything else as Flex does (the book's *CPU, against PyTorch* has the measurements).
 #[derive(Clone, Copy, Default, Debug)]
 pub struct FastFlex;
 

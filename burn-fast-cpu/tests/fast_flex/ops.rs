@@ -593,3 +593,33 @@ fn batched_f32_products_match_flex() {
         "broadcast left-hand side",
     );
 }
+
+/// `f32` scalar arithmetic (in place when the buffer is not shared) and `reshape` of permuted
+/// tensors (a copy per row): Flex's values, bit for bit.
+#[test]
+fn scalar_operations_and_permuted_reshapes_match_flex_exactly() {
+    let (x, x32) = both([2, 3, 5, 7], 90);
+    let exact = |got: Tensor<FastFlex, 4>, want: Tensor<Flex, 4>, what: &str| {
+        assert_eq!(got.into_data(), want.into_data(), "{what}");
+    };
+    exact(x.clone() / 3.0, x32.clone() / 3.0, "div_scalar");
+    exact(x.clone() * 0.7, x32.clone() * 0.7, "mul_scalar");
+    exact(x.clone() + 0.25, x32.clone() + 0.25, "add_scalar");
+    let merged = x.clone().swap_dims(1, 2).reshape([2, 5, 21]);
+    let merged32 = x32.clone().swap_dims(1, 2).reshape([2, 5, 21]);
+    assert_eq!(
+        merged.into_data(),
+        merged32.into_data(),
+        "heads merged back"
+    );
+    let sliced = x.clone().slice([0..2, 1..3, 0..5, 2..7]).reshape([4, 25]);
+    let sliced32 = x32.clone().slice([0..2, 1..3, 0..5, 2..7]).reshape([4, 25]);
+    assert_eq!(sliced.into_data(), sliced32.into_data(), "sliced");
+    let flipped = x.flip([3]).reshape([6, 35]);
+    let flipped32 = x32.flip([3]).reshape([6, 35]);
+    assert_eq!(
+        flipped.into_data(),
+        flipped32.into_data(),
+        "flipped (Flex's copy)"
+    );
+}
