@@ -7,7 +7,10 @@
 //! - `fast-f32`: `burn_fast_cpu::FastFlex` (Flex with this project's CPU paths), `f32`;
 //! - `fast-bf16`: the same model on `FastFlex` with its float parameters cast to `bf16`;
 //! - `fast-int8`: Burn's own `Module::quantize_weights` of every `Linear` (symmetric `int8`,
-//!   one scale per tensor) on `FastFlex`.
+//!   one scale per tensor) on `FastFlex`;
+//! - `fast-f32-lowrank`: the encoder with its feed-forward projections at rank `--ffn-rank`
+//!   (two `Linear`s each), printed beside the same projections timed alone, so that the
+//!   model-level ratio stands beside the layer-level one.
 //!
 //! The peer, `xtask/pytorch/encoder.py`, times Hugging Face's `BertModel` of the same shapes
 //! on the same padding lengths: `torch-f32-eager`, `torch-f32-sdpa`, `torch-bf16-autocast`,
@@ -84,6 +87,10 @@ struct Args {
     /// Write every row as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// The rank of `fast-f32-lowrank`'s feed-forward projections (128: 42 % of their
+    /// parameters).
+    #[arg(long, default_value_t = 128)]
+    ffn_rank: usize,
     /// Instead of timing: one forward of `burn-flex-f32`, `fast-f32` and `fast-bf16` per
     /// shape on burn-profiler's `Profiled`, and the operations they spend their time in.
     #[arg(long)]
@@ -94,7 +101,17 @@ struct Args {
 const PAUSE_MS: u64 = 300;
 
 /// Burn's forms, in the table's order.
-const BURN_FORMS: [&str; 4] = ["burn-flex-f32", "fast-f32", "fast-bf16", "fast-int8"];
+const BURN_FORMS: [&str; 5] = [
+    "burn-flex-f32",
+    "fast-f32",
+    "fast-bf16",
+    "fast-int8",
+    "fast-f32-lowrank",
+];
+
+/// The form whose feed-forward projections are low-rank (`--ffn-rank`): other weights, so
+/// its output is not compared with Flex's.
+const LOW_RANK: &str = "fast-f32-lowrank";
 
 /// One form's timings at one shape, Burn's or the peer's (the peer's JSON has these fields).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -134,6 +151,19 @@ struct Shape {
     /// thread count, other processes shared the cores.
     load_average: (Option<f64>, Option<f64>),
     rows: Vec<Row>,
+    /// The low-rank form's time over `fast-f32`'s, beside its feed-forward layers' alone.
+    low_rank: Option<LowRank>,
+}
+
+/// What a low-rank model keeps of its layers' speedup.
+#[derive(Debug, Serialize)]
+struct LowRank {
+    rank: usize,
+    /// The two feed-forward projections (rank-`r` pairs over dense), timed alone on
+    /// `FastFlex` at the shape's tokens.
+    layers_ratio: f64,
+    /// The whole encoder: `fast-f32-lowrank` over `fast-f32`.
+    model_ratio: f64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -227,10 +257,44 @@ fn main() -> anyhow::Result<()> {
         };
         let load = (load_before, load_average());
         let gflop = flops(&config, batch, seq) / 1e9;
+        let low_rank_config = config.clone().with_ffn_rank(Some(args.ffn_rank));
+        let low_rank_gflop = flops(&low_rank_config, batch, seq) / 1e9;
         println!(
             "{}",
-            markdown(&rows, batch, seq, gflop, threads, &peer_note, &peak_of)
+            markdown(
+                &rows,
+                batch,
+                seq,
+                gflop,
+                low_rank_gflop,
+                threads,
+                &peer_note,
+                &peak_of
+            )
         );
+        let median_of = |form: &str| {
+            rows.iter()
+                .find(|r| r.form == form)
+                .and_then(|r| r.median_ms)
+        };
+        let low_rank = match (median_of(LOW_RANK), median_of("fast-f32")) {
+            (Some(low), Some(dense)) => {
+                let layers = ffn_layers_ratio(&config, batch * seq, args.ffn_rank, args.rounds);
+                println!(
+                    "low rank {}: the feed-forward layers alone take {:.2} of the dense ones' \
+                     time; the whole encoder {:.2} of fast-f32's",
+                    args.ffn_rank,
+                    layers,
+                    low / dense
+                );
+                Some(LowRank {
+                    rank: args.ffn_rank,
+                    layers_ratio: layers,
+                    model_ratio: low / dense,
+                })
+            }
+            _ => None,
+        };
         if let (Some(a), Some(b)) = load {
             println!("load average (1 min) before / after this shape: {a:.2} / {b:.2}");
         }
@@ -242,6 +306,7 @@ fn main() -> anyhow::Result<()> {
             peer: peer_note,
             load_average: load,
             rows,
+            low_rank,
         });
     }
     let peaks_line = peaks
@@ -332,6 +397,40 @@ fn profile_on<B: Backend + burn_memory::DeviceMemory>(
     Ok(())
 }
 
+/// The feed-forward projections' time at rank `rank` over the dense ones', on `FastFlex` at
+/// `tokens` rows (medians of `rounds` forwards): the layer-level side of a low-rank model.
+fn ffn_layers_ratio(config: &EncoderConfig, tokens: usize, rank: usize, rounds: usize) -> f64 {
+    use burn::nn::LinearConfig;
+    let device = Default::default();
+    let (h, f) = (config.hidden, config.ffn);
+    let layer = |i: usize, o: usize, bias: bool| {
+        let l = LinearConfig::new(i, o)
+            .with_bias(bias)
+            .init::<FastFlex>(&device);
+        draw_params(&l);
+        l
+    };
+    let (up, down) = (layer(h, f, true), layer(f, h, true));
+    let (up_a, up_b) = (layer(h, rank, false), layer(rank, f, true));
+    let (down_a, down_b) = (layer(f, rank, false), layer(rank, h, true));
+    let x =
+        Tensor::<FastFlex, 2>::random([tokens, h], burn::tensor::Distribution::Default, &device);
+    let time = |run: &dyn Fn() -> Tensor<FastFlex, 2>| {
+        let _ = run().into_data();
+        let times: Vec<f64> = (0..rounds.max(3))
+            .map(|_| {
+                let start = Instant::now();
+                let _ = run().into_data();
+                start.elapsed().as_secs_f64()
+            })
+            .collect();
+        median(times)
+    };
+    let dense = time(&|| down.forward(up.forward(x.clone())));
+    let low = time(&|| down_b.forward(down_a.forward(up_b.forward(up_a.forward(x.clone())))));
+    low / dense
+}
+
 /// Casts every float parameter to one type.
 struct CastTo(DType);
 
@@ -360,7 +459,11 @@ fn flops(config: &EncoderConfig, batch: usize, seq: usize) -> f64 {
     let (h, f) = (config.hidden as f64, config.ffn as f64);
     let tokens = (batch * seq) as f64;
     let d_head = h / config.heads as f64;
-    let linear = 2.0 * tokens * (4.0 * h * h + 2.0 * h * f);
+    let ffn = match config.ffn_rank {
+        Some(r) => 2.0 * r as f64 * (h + f),
+        None => 2.0 * h * f,
+    };
+    let linear = 2.0 * tokens * (4.0 * h * h + ffn);
     let attention = 2.0 * 2.0 * (batch * config.heads) as f64 * (seq * seq) as f64 * d_head;
     config.layers as f64 * (linear + attention)
 }
@@ -462,6 +565,7 @@ fn build_form(
     seq: usize,
     lengths: &[usize],
     seed: u64,
+    ffn_rank: usize,
 ) -> Result<Forward, String> {
     let attempt = catch_unwind(AssertUnwindSafe(|| -> Forward {
         let vocab = config.vocab;
@@ -475,10 +579,17 @@ fn build_form(
                 draw_params(&encoder);
                 forward_of(encoder, ids, mask)
             }
-            "fast-f32" | "fast-bf16" | "fast-int8" => {
+            "fast-f32" | "fast-bf16" | "fast-int8" | LOW_RANK => {
                 let device = Default::default();
                 FastFlex::seed(&device, seed);
-                let encoder = config.init::<FastFlex>(&device);
+                let encoder = if form == LOW_RANK {
+                    config
+                        .clone()
+                        .with_ffn_rank(Some(ffn_rank))
+                        .init::<FastFlex>(&device)
+                } else {
+                    config.init::<FastFlex>(&device)
+                };
                 draw_params(&encoder);
                 let encoder = match form {
                     "fast-bf16" => encoder.map(&mut CastTo(DType::BF16)),
@@ -539,7 +650,7 @@ impl BurnForms {
             // Panics are caught and reported as the row's reason: keep the default hook quiet.
             let hook = std::panic::take_hook();
             std::panic::set_hook(Box::new(|_| {}));
-            let built = build_form(form, config, batch, seq, lengths, args.seed);
+            let built = build_form(form, config, batch, seq, lengths, args.seed, args.ffn_rank);
             std::panic::set_hook(hook);
             bar.inc(1);
             match built {
@@ -548,6 +659,7 @@ impl BurnForms {
                     let y: Vec<f32> = y.convert::<f32>().to_vec().expect("f32 data");
                     match &reference {
                         None => reference = Some(y),
+                        Some(_) if form == LOW_RANK => {}
                         Some(want) => row.rel_error = Some(unpadded_gap(want, &y, lengths, seq)),
                     }
                     for _ in 0..args.warmup {
@@ -737,6 +849,7 @@ fn markdown(
     batch: usize,
     seq: usize,
     gflop: f64,
+    low_rank_gflop: f64,
     threads: usize,
     peer_note: &str,
     peak_of: &dyn Fn(&str) -> Option<f64>,
@@ -779,7 +892,12 @@ fn markdown(
                 Arithmetic::Int8 => (ratio(ms, "torch-int8-dynamic"), ratio(ms, "ort-int8")),
             }
         };
-        let rate = gflop / (ms * 1e-3);
+        let form_gflop = if row.form == LOW_RANK {
+            low_rank_gflop
+        } else {
+            gflop
+        };
+        let rate = form_gflop / (ms * 1e-3);
         out += &format!(
             "| {} | {:.2} | {:.2} | {} | {} | {:.1} | {} | {} |\n",
             row.form,

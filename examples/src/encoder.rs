@@ -49,6 +49,10 @@ pub struct EncoderConfig {
     /// Layer norms' epsilon (BERT's 10⁻¹²).
     #[config(default = 1e-12)]
     pub layer_norm_eps: f64,
+    /// With a rank `r`, each feed-forward projection is two `Linear`s through `r` values (a
+    /// low-rank model, as a compressed one is): `hidden → r → ffn` and `ffn → r → hidden`.
+    #[config(default = "None")]
+    pub ffn_rank: Option<usize>,
 }
 
 /// A post-norm transformer encoder layer, as BERT's: attention, residual, norm; then
@@ -59,10 +63,14 @@ pub struct EncoderLayer<B: Backend> {
     pub attention: MultiHeadAttention<B>,
     /// The norm after the attention's residual.
     pub attention_norm: LayerNorm<B>,
-    /// `hidden → ffn`.
+    /// `hidden → ffn` (`r → ffn` with a rank).
     pub intermediate: Linear<B>,
-    /// `ffn → hidden`.
+    /// With a rank `r`: `hidden → r`, before [`intermediate`](Self::intermediate).
+    pub intermediate_factor: Option<Linear<B>>,
+    /// `ffn → hidden` (`r → hidden` with a rank).
     pub output: Linear<B>,
+    /// With a rank `r`: `ffn → r`, before [`output`](Self::output).
+    pub output_factor: Option<Linear<B>>,
     /// The norm after the feed-forward block's residual.
     pub output_norm: LayerNorm<B>,
     /// Dropout on each sub-block's output.
@@ -79,9 +87,17 @@ impl<B: Backend> EncoderLayer<B> {
         let x = self
             .attention_norm
             .forward(x + self.dropout.forward(attended));
-        let h = self
-            .output
-            .forward(gelu(self.intermediate.forward(x.clone())));
+        let through = |factor: &Option<Linear<B>>, layer: &Linear<B>, x: Tensor<B, 3>| match factor
+        {
+            Some(factor) => layer.forward(factor.forward(x)),
+            None => layer.forward(x),
+        };
+        let inner = gelu(through(
+            &self.intermediate_factor,
+            &self.intermediate,
+            x.clone(),
+        ));
+        let h = through(&self.output_factor, &self.output, inner);
         self.output_norm.forward(x + self.dropout.forward(h))
     }
 }
@@ -119,8 +135,18 @@ impl EncoderConfig {
                     .with_dropout(self.dropout)
                     .init(device),
                 attention_norm: norm(),
-                intermediate: LinearConfig::new(self.hidden, self.ffn).init(device),
-                output: LinearConfig::new(self.ffn, self.hidden).init(device),
+                intermediate: LinearConfig::new(self.ffn_rank.unwrap_or(self.hidden), self.ffn)
+                    .init(device),
+                intermediate_factor: self.ffn_rank.map(|r| {
+                    LinearConfig::new(self.hidden, r)
+                        .with_bias(false)
+                        .init(device)
+                }),
+                output: LinearConfig::new(self.ffn_rank.unwrap_or(self.ffn), self.hidden)
+                    .init(device),
+                output_factor: self
+                    .ffn_rank
+                    .map(|r| LinearConfig::new(self.ffn, r).with_bias(false).init(device)),
                 output_norm: norm(),
                 dropout: DropoutConfig::new(self.dropout).init(),
             })
@@ -228,5 +254,26 @@ mod tests {
         // The full row is finite everywhere.
         let finite: f32 = batched.abs().max().into_scalar();
         assert!(finite.is_finite());
+    }
+
+    #[test]
+    fn a_low_rank_encoder_has_fewer_parameters_and_the_same_output_shape() {
+        let device = Default::default();
+        let dense = small().init::<B>(&device);
+        let low = small().with_ffn_rank(Some(8)).init::<B>(&device);
+        let per_layer = |l: &EncoderLayer<B>| {
+            l.intermediate.num_params()
+                + l.output.num_params()
+                + l.intermediate_factor.as_ref().map_or(0, |f| f.num_params())
+                + l.output_factor.as_ref().map_or(0, |f| f.num_params())
+        };
+        // 32 → 64 → 32 dense: 2·32·64 weights and 64 + 32 biases; through rank 8: 8·(32 + 64)
+        // twice, and the same biases.
+        assert_eq!(per_layer(&dense.layers[0]), 2 * 32 * 64 + 64 + 32);
+        assert_eq!(per_layer(&low.layers[0]), 2 * 8 * (32 + 64) + 64 + 32);
+        let ids = Tensor::<B, 2, Int>::zeros([2, 5], &device);
+        let mask =
+            Tensor::<B, 2, Bool>::from_data(TensorData::new(vec![false; 10], [2, 5]), &device);
+        assert_eq!(low.forward(ids, mask).dims(), [2, 5, 32]);
     }
 }

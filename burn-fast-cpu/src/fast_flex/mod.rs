@@ -161,6 +161,13 @@ fn batch_count(lhs: &FlexTensor, rhs: &FlexTensor) -> usize {
     (0..rank - 2).map(|d| a[d].max(b[d])).product()
 }
 
+/// Multiply-adds per product of a batched `matmul`: `m · k · n`.
+fn product_size(lhs: &FlexTensor, rhs: &FlexTensor) -> usize {
+    let (a, b) = (lhs.layout().shape(), rhs.layout().shape());
+    let rank = a.num_dims();
+    a[rank - 2] * a[rank - 1] * b[rank - 1]
+}
+
 /// Flex's `float_matmul`, but `bf16` products on [`cpu::bf16`](burn_cpu_kernels::bf16) and `f16`
 /// ones through `f32`.
 fn float_matmul(lhs: FloatTensor<FastFlex>, rhs: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
@@ -171,10 +178,12 @@ fn float_matmul(lhs: FloatTensor<FastFlex>, rhs: FloatTensor<FastFlex>) -> Float
             Flex::float_matmul(to_f32(lhs), to_f32(rhs)),
             FloatDType::F16,
         ),
-        // Many small products (attention's heads); 2-D and few products are Flex's `gemm`.
+        // Many small products (attention's heads); 2-D products, few products and tiny ones
+        // (a short sentence's heads, where `gemm` on one thread is quicker) are Flex's `gemm`.
         (DType::F32, DType::F32)
             if lhs.layout().num_dims() >= 3
-                && batch_count(&lhs, &rhs) >= 2 * rayon::current_num_threads() =>
+                && batch_count(&lhs, &rhs) >= 2 * rayon::current_num_threads()
+                && product_size(&lhs, &rhs) >= 1 << 15 =>
         {
             matmul::f32_batched(&lhs, &rhs)
         }
