@@ -848,12 +848,12 @@ fn markdown(
     rows: &[Row],
     batch: usize,
     seq: usize,
-    gflop: f64,
-    low_rank_gflop: f64,
+    gflop_of: &dyn Fn(&str) -> f64,
     threads: usize,
     peer_note: &str,
     peak_of: &dyn Fn(&str) -> Option<f64>,
 ) -> String {
+    let gflop = gflop_of("fast-f32");
     let ms_of = |form: &str| {
         rows.iter()
             .find(|r| r.form == form)
@@ -892,12 +892,7 @@ fn markdown(
                 Arithmetic::Int8 => (ratio(ms, "torch-int8-dynamic"), ratio(ms, "ort-int8")),
             }
         };
-        let form_gflop = if row.form == LOW_RANK {
-            low_rank_gflop
-        } else {
-            gflop
-        };
-        let rate = form_gflop / (ms * 1e-3);
+        let rate = gflop_of(&row.form) / (ms * 1e-3);
         out += &format!(
             "| {} | {:.2} | {:.2} | {} | {} | {:.1} | {} | {} |\n",
             row.form,
