@@ -265,8 +265,11 @@ fn main() -> anyhow::Result<()> {
                 &rows,
                 batch,
                 seq,
-                gflop,
-                low_rank_gflop,
+                &|form| if form == LOW_RANK {
+                    low_rank_gflop
+                } else {
+                    gflop
+                },
                 threads,
                 &peer_note,
                 &peak_of
