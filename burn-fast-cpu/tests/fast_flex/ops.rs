@@ -109,6 +109,20 @@ fn linear_matches_flex_at_every_rank_and_layout() {
         1e-5,
         "rank 4",
     );
+    // More rows than `gemm` takes for `linear` (64): the `sgemm` path, bias in its store.
+    let (big, big32) = both([5, 20, 37], 11);
+    close(
+        linear(big.clone(), w.clone(), Some(b.clone())),
+        linear(big32.clone(), w32.clone(), Some(b32.clone())),
+        1e-5,
+        "100 rows",
+    );
+    close(
+        linear(big.swap_dims(0, 1), wt.clone(), None),
+        linear(big32.swap_dims(0, 1), wt32.clone(), None),
+        1e-5,
+        "100 permuted rows, transposed weight",
+    );
     // Empty batch.
     let empty = Tensor::<FastFlex, 3>::zeros([0, 4, 37], &DEVICE);
     assert_eq!(linear(empty, w, Some(b)).dims(), [0, 4, 19]);
