@@ -1,16 +1,18 @@
-//! Matrix products on the CPU in reduced precision: `bf16` with `f32` accumulation and `int8`
-//! with `i32` accumulation, on the instructions this CPU has, chosen at run time.
+//! CPU kernels on the instructions this CPU has, chosen at run time: matrix products in `f32`,
+//! `bf16` (with `f32` accumulation) and `int8` (with `i32` accumulation), fused attention and
+//! the element-wise and row operations a transformer spends the rest of its time in.
 //!
-//! `gemm` (behind Flex's `matmul` and burn-sketch's Flex path) has no `bf16` or `int8` kernels: Flex
-//! multiplies `bf16` through `f32` copies, and Burn 0.21's quantized tensors are dequantized
-//! before a product. This crate supplies what they lack:
+//! `gemm` (behind Flex's `matmul` and burn-sketch's Flex path) has no `bf16` or `int8` kernels
+//! and no fused epilogue: Flex multiplies `bf16` through `f32` copies, and Burn 0.21's
+//! quantized tensors are dequantized before a product. This crate supplies what they lack:
 //!
 //! | product | AVX-512 path (detected at run time) | portable path |
 //! |---|---|---|
 //! | [`bf16::matmul`] | `vdpbf16ps` (AVX512-BF16): two `bf16` products summed into `f32` per lane | `f32` copies multiplied by `gemm` |
 //! | [`int8::matmul`] | `vpdpbusd` (AVX512-VNNI): four `u8 × i8` products summed into `i32` per lane | the same integer sums, one at a time |
+//! | [`sgemm::matmul`] | `vfmadd231ps` on a 14 × 32 tile (the bias and activation in its store) | `gemm`, then the epilogue |
 //!
-//! Both kernels pack their operands into panels, keep a tile of the output in registers for
+//! The kernels pack their operands into panels, keep a tile of the output in registers for
 //! the whole depth, and write it once (`int8` applies its scales and bias in that write).
 //! AMX is reported by [`Features`] but not used: no machine this project runs on has it, and
 //! code we cannot run is a claim we cannot test.
