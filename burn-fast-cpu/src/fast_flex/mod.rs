@@ -168,8 +168,9 @@ fn product_size(lhs: &FlexTensor, rhs: &FlexTensor) -> usize {
     a[rank - 2] * a[rank - 1] * b[rank - 1]
 }
 
-/// Flex's `float_matmul`, but `bf16` products on [`cpu::bf16`](burn_cpu_kernels::bf16) and `f16`
-/// ones through `f32`.
+/// Flex's `float_matmul`, but `bf16` products on [`cpu::bf16`](burn_cpu_kernels::bf16), many
+/// small `f32` products on [`sgemm`](burn_cpu_kernels::sgemm)'s kernel ([`matmul`](mod@matmul))
+/// and `f16` ones through `f32`.
 fn float_matmul(lhs: FloatTensor<FastFlex>, rhs: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
     use burn_backend::ops::FloatTensorOps;
     match (lhs.dtype(), rhs.dtype()) {

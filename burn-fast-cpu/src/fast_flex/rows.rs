@@ -35,17 +35,24 @@ fn by_rows(
     let mut tensor = if tensor.is_unique() && tensor.layout().is_contiguous() {
         tensor
     } else {
-        // A copy of our own to overwrite (`to_contiguous` hands back the shared buffer of a
-        // tensor that is contiguous already).
-        let shape = tensor.layout().shape().clone();
         let copy = super::copy::contiguous(&tensor);
-        let (start, len) = (copy.layout().start_offset(), copy.layout().num_elements());
-        let bytes = match dtype {
-            DType::F32 => Bytes::from_elems(copy.storage::<f32>()[start..start + len].to_vec()),
-            DType::BF16 => Bytes::from_elems(copy.storage::<bf16>()[start..start + len].to_vec()),
-            _ => Bytes::from_elems(copy.storage::<f16>()[start..start + len].to_vec()),
-        };
-        FlexTensor::new(bytes, Layout::contiguous(shape), dtype)
+        drop(tensor);
+        if copy.is_unique() && copy.layout().is_contiguous() {
+            copy
+        } else {
+            // Still shared (`contiguous` hands back the buffer of a tensor that is contiguous
+            // already, and someone else holds it): a copy of our own to overwrite.
+            let shape = copy.layout().shape().clone();
+            let (start, len) = (copy.layout().start_offset(), copy.layout().num_elements());
+            let bytes = match dtype {
+                DType::F32 => Bytes::from_elems(copy.storage::<f32>()[start..start + len].to_vec()),
+                DType::BF16 => {
+                    Bytes::from_elems(copy.storage::<bf16>()[start..start + len].to_vec())
+                }
+                _ => Bytes::from_elems(copy.storage::<f16>()[start..start + len].to_vec()),
+            };
+            FlexTensor::new(bytes, Layout::contiguous(shape), dtype)
+        }
     };
     let start = tensor.layout().start_offset();
     let len = tensor.layout().num_elements();
