@@ -141,10 +141,10 @@ fn gelu_derivative(z: f32) -> f32 {
     cdf + z * INV_SQRT_2PI * exp(-0.5 * z * z)
 }
 
-/// The exact GELU with [`erf`].
+/// The exact GELU, [`math`](crate::math)'s on its portable (no-FMA) form: vectorisable.
 #[inline(always)]
 fn gelu(value: f32) -> f32 {
-    0.5 * value * (1.0 + erf(value * core::f32::consts::FRAC_1_SQRT_2))
+    crate::math::gelu_f::<false>(value)
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ use std::cell::RefCell;
 use ::half::bf16;
 use rayon::prelude::*;
 
+use crate::bf16::Output;
 use crate::math::{exp_non_positive_f, tanh_f};
 use crate::{MatRef, gemm};
 
@@ -238,51 +239,26 @@ impl<T: Copy> Line<'_, T> {
 }
 
 /// An element type of queries, keys, values, bias and output: `f32`, or `bf16` computed in
-/// `f32` (each block widened as it is read; the output rounded once, as it is stored).
-pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
-    /// The value as `f32`.
-    fn to_f32(self) -> f32;
-    /// `value`, rounded to this type.
-    fn from_f32(value: f32) -> Self;
+/// `f32` (each block widened as it is read; the output rounded once, as it is stored, by
+/// [`Output`], the `bf16` product's element).
+pub trait Element: Output {
     /// The view as `f32`: itself for `f32`, a row-major copy in `buffer` otherwise.
     fn widen<'a>(view: MatRef<'a, Self>, buffer: &'a mut Vec<f32>) -> MatRef<'a, f32>;
 }
 
 impl Element for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    #[inline(always)]
-    fn from_f32(value: f32) -> Self {
-        value
-    }
     fn widen<'a>(view: MatRef<'a, Self>, _: &'a mut Vec<f32>) -> MatRef<'a, f32> {
         view
     }
 }
 
 impl Element for bf16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    #[inline(always)]
-    fn from_f32(value: f32) -> Self {
-        bf16::from_f32(value)
-    }
     fn widen<'a>(view: MatRef<'a, Self>, buffer: &'a mut Vec<f32>) -> MatRef<'a, f32> {
         let [rows, cols] = view.shape();
         buffer.clear();
         buffer.extend((0..rows).flat_map(|i| (0..cols).map(move |j| view.at(i, j).to_f32())));
         MatRef::row_major(buffer, rows, cols)
     }
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for super::bf16 {}
 }
 
 /// What burn-backend 0.21's `AttentionModuleOptions` says (its `f64`s as `f32`).

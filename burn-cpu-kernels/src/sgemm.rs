@@ -90,7 +90,9 @@ pub enum Path {
     /// and `gemm` did not measure faster (see [`matmul`]), `gemm` elsewhere.
     #[default]
     Auto,
-    /// `gemm` and a separate epilogue pass, whatever the CPU: for tests and comparisons.
+    /// `gemm` and a separate epilogue pass, whatever the CPU: for tests and comparisons, and
+    /// for a caller that measured `gemm` faster on its products (FastFlex's `linear` on a few
+    /// rows, whose weights stream from memory).
     Portable,
 }
 

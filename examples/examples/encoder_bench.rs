@@ -34,7 +34,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use burn::backend::Flex;
-use burn::module::{Module, ModuleMapper, Param, Quantizer};
+use burn::module::{Module, Quantizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::QuantizedTensor;
 use burn::tensor::quantization::{
@@ -44,6 +44,7 @@ use burn::tensor::{Bool, DType, Int, Tensor, TensorData};
 use burn_cpu_kernels::peak::{self, Arithmetic};
 use burn_fast_cpu::FastFlex;
 use burn_memory::draw_params;
+use burn_memory::training::mixed_precision::CastParams;
 use burn_profiler::{Profiled, Profiler, ProfilerConfig, SortBy};
 use clap::Parser;
 use examples::encoder::{Encoder, EncoderConfig};
@@ -382,7 +383,7 @@ fn profile_on<B: Backend + burn_memory::DeviceMemory>(
     let encoder = config.init::<P<B>>(&device);
     draw_params(&encoder);
     let encoder = match cast {
-        Some(dtype) => encoder.map(&mut CastTo(dtype)),
+        Some(dtype) => encoder.map(&mut CastParams(dtype)),
         None => encoder,
     };
     let (ids, mask) = inputs::<P<B>>(batch, seq, lengths, config.vocab, seed);
@@ -432,16 +433,6 @@ fn ffn_layers_ratio(config: &EncoderConfig, tokens: usize, rank: usize, rounds: 
     let dense = time(&|| down.forward(up.forward(x.clone())));
     let low = time(&|| down_b.forward(down_a.forward(up_b.forward(up_a.forward(x.clone())))));
     low / dense
-}
-
-/// Casts every float parameter to one type.
-struct CastTo(DType);
-
-impl<B: Backend> ModuleMapper<B> for CastTo {
-    fn map_float<const D: usize>(&mut self, p: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let dtype = self.0;
-        p.map(|t| t.cast(dtype))
-    }
 }
 
 /// The arithmetic a form's products run in, for its peak.
@@ -595,7 +586,7 @@ fn build_form(
                 };
                 draw_params(&encoder);
                 let encoder = match form {
-                    "fast-bf16" => encoder.map(&mut CastTo(DType::BF16)),
+                    "fast-bf16" => encoder.map(&mut CastParams(DType::BF16)),
                     "fast-int8" => quantize_linears(encoder),
                     _ => encoder,
                 };

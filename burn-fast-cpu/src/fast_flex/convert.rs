@@ -140,13 +140,19 @@ fn source(tensor: &FlexTensor) -> (FlexTensor, usize, usize, Layout) {
     }
 }
 
-/// `f(src, dst)` over pieces of both slices, on rayon's threads when there are several.
-fn in_pieces<S: Sync, D: Send>(src: &[S], dst: &mut [D], f: impl Fn(&[S], &mut [D]) + Sync) {
-    if src.len() < 2 * PIECE {
+/// `f(src, dst)` over matching pieces of `piece` values of both slices, on rayon's threads
+/// when there are two pieces or more (below that, one thread does it all).
+pub(super) fn in_pieces<S: Sync, D: Send>(
+    src: &[S],
+    dst: &mut [D],
+    piece: usize,
+    f: impl Fn(&[S], &mut [D]) + Sync,
+) {
+    if src.len() < 2 * piece {
         f(src, dst);
     } else {
-        dst.par_chunks_mut(PIECE)
-            .zip(src.par_chunks(PIECE))
+        dst.par_chunks_mut(piece)
+            .zip(src.par_chunks(piece))
             .for_each(|(dst, src)| f(src, dst));
     }
 }
@@ -156,7 +162,7 @@ pub(super) fn widen<H: Half>(tensor: &FlexTensor) -> FlexTensor {
     let (tensor, start, end, layout) = source(tensor);
     let src = &tensor.storage::<H>()[start..end];
     let mut values = vec![0.0f32; src.len()];
-    in_pieces(src, &mut values, H::widen);
+    in_pieces(src, &mut values, PIECE, H::widen);
     FlexTensor::new(Bytes::from_elems(values), layout, DType::F32)
 }
 
@@ -165,6 +171,6 @@ pub(super) fn narrow<H: Half>(tensor: &FlexTensor) -> FlexTensor {
     let (tensor, start, end, layout) = source(tensor);
     let src = &tensor.storage::<f32>()[start..end];
     let mut values = vec![H::ZERO; src.len()];
-    in_pieces(src, &mut values, H::narrow);
+    in_pieces(src, &mut values, PIECE, H::narrow);
     FlexTensor::new(Bytes::from_elems(values), layout, H::DTYPE)
 }

@@ -39,18 +39,17 @@ fn by_rows<T: burn::tensor::Element + bytemuck::Pod + Send + Sync + Default>(
 ) -> FlexTensor {
     let layout = tensor.layout();
     let dims = layout.shape().to_vec();
-    let strides = layout.strides().to_vec();
-    let start = layout.start_offset() as isize;
+    let strides = layout.strides();
     let rank = dims.len();
     let n = dims[rank - 1];
     let src = tensor.storage::<T>();
-    let row_start = |mut r: usize| -> usize {
-        let mut offset = start;
-        for d in (0..rank - 1).rev() {
-            offset += (r % dims[d]) as isize * strides[d];
-            r /= dims[d];
-        }
-        offset as usize
+    let row_start = |r: usize| {
+        offset(
+            &dims[..rank - 1],
+            &strides[..rank - 1],
+            layout.start_offset(),
+            r,
+        )
     };
     let mut out = vec![T::default(); layout.num_elements()];
     out.par_chunks_mut(n * ROWS)
@@ -66,4 +65,27 @@ fn by_rows<T: burn::tensor::Element + bytemuck::Pod + Send + Sync + Default>(
         Layout::contiguous(layout.shape().clone()),
         tensor.dtype(),
     )
+}
+
+/// The buffer offset of element `index` (row-major over `dims`) in a layout that starts at
+/// `start` and steps by `strides`, one per dimension of `dims` (0 on a broadcast dimension,
+/// [`broadcast_strides`]).
+pub(super) fn offset(dims: &[usize], strides: &[isize], start: usize, mut index: usize) -> usize {
+    let mut offset = start as isize;
+    for d in (0..dims.len()).rev() {
+        offset += (index % dims[d]) as isize * strides[d];
+        index /= dims[d];
+    }
+    offset as usize
+}
+
+/// `layout`'s strides, 0 on its dimensions of size 1: read through [`offset`] over a larger
+/// shape, they broadcast it.
+pub(super) fn broadcast_strides(layout: &Layout) -> Vec<isize> {
+    layout
+        .strides()
+        .iter()
+        .zip(layout.shape().iter())
+        .map(|(&stride, &size)| if size == 1 { 0 } else { stride })
+        .collect()
 }

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use burn_cpu_kernels::{Activation, math};
 
-use super::convert::Half;
+use super::convert::{Half, in_pieces};
 
 /// Values per piece: small enough for a piece and its scratch to stay in L2, large enough to
 /// amortise rayon's scheduling.
@@ -53,7 +53,7 @@ pub(super) fn unary(
         DType::F32 => {
             let src = &tensor.storage::<f32>()[start..start + len];
             let mut out = vec![0.0f32; len];
-            pieces(&mut out, src, |dst, src| {
+            in_pieces(src, &mut out, PIECE, |src, dst| {
                 dst.copy_from_slice(src);
                 op(dst);
             });
@@ -69,7 +69,7 @@ pub(super) fn unary(
 /// `op` on a copy of half values, a piece at a time through an `f32` scratch.
 fn half_unary<H: Half>(src: &[H], layout: Layout, op: &(impl Fn(&mut [f32]) + Sync)) -> FlexTensor {
     let mut out = vec![H::ZERO; src.len()];
-    pieces(&mut out, src, |dst, src| {
+    in_pieces(src, &mut out, PIECE, |src, dst| {
         let mut scratch = vec![0.0f32; src.len()];
         H::widen(src, &mut scratch);
         op(&mut scratch);
@@ -159,17 +159,6 @@ fn half_binary<H: Half>(
             H::narrow(&b, dst);
         });
     FlexTensor::new(Bytes::from_elems(out), layout, H::DTYPE)
-}
-
-/// `f(dst, src)` over matching pieces, on rayon's threads when there are several.
-fn pieces<S: Sync, D: Send>(dst: &mut [D], src: &[S], f: impl Fn(&mut [D], &[S]) + Sync) {
-    if src.len() <= PIECE {
-        f(dst, src);
-    } else {
-        dst.par_chunks_mut(PIECE)
-            .zip(src.par_chunks(PIECE))
-            .for_each(|(dst, src)| f(dst, src));
-    }
 }
 
 /// A contiguous layout of `layout`'s shape (the output's).

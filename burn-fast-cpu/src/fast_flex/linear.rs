@@ -30,7 +30,7 @@ pub(super) fn forward(x: FlexTensor, weight: FlexTensor, bias: Option<FlexTensor
     match dtype {
         DType::F32 => {
             let mut dst = vec![0.0f32; m * n];
-            let bias = bias.map(|b| parameter(&b));
+            let bias = bias.map(|b| super::f32_values(&b));
             product_f32(
                 &mut dst,
                 n,
@@ -292,7 +292,7 @@ fn start_value<O: Output>(bias: Option<&FlexTensor>, m: usize, n: usize) -> Vec<
     let Some(bias) = bias else {
         return vec![O::from_f32(0.0); m * n];
     };
-    let b: Vec<O> = parameter(&super::to_f32(bias.clone()))
+    let b: Vec<O> = super::f32_values(bias)
         .into_iter()
         .map(O::from_f32)
         .collect();
@@ -304,44 +304,30 @@ fn start_value<O: Output>(bias: Option<&FlexTensor>, m: usize, n: usize) -> Vec<
 }
 
 /// `dst = lhs · rhs (+ bias)` in `f32`, rows of `stride`, on
-/// [`sgemm`](burn_cpu_kernels::sgemm) (the bias added in the product's store), or on `gemm`
-/// for up to [`SMALL_M`] rows.
+/// [`sgemm`](burn_cpu_kernels::sgemm) (the bias added in the product's store), or on its
+/// `gemm` path (the bias a second pass) for up to [`SMALL_M`] rows.
 fn product_f32(dst: &mut [f32], stride: usize, lhs: &Operand, rhs: &Operand, bias: Option<&[f32]>) {
     let (a, b) = (lhs.mat::<f32>(), rhs.mat::<f32>());
     if a.shape()[0] == 0 || b.shape()[1] == 0 {
-        return;
-    }
-    if a.shape()[0] <= SMALL_M {
-        let parallelism = gemm::Parallelism::Rayon(0);
-        burn_cpu_kernels::gemm(dst, stride, a, b, 1.0, false, parallelism);
-        if let Some(bias) = bias {
-            for row in dst.chunks_mut(stride) {
-                for (v, b) in row.iter_mut().zip(bias) {
-                    *v += b;
-                }
-            }
-        }
         return;
     }
     let epilogue = sgemm::Epilogue {
         bias,
         ..Default::default()
     };
-    sgemm::matmul(dst, stride, a, b, epilogue, true);
+    let path = if a.shape()[0] <= SMALL_M {
+        sgemm::Path::Portable
+    } else {
+        sgemm::Path::Auto
+    };
+    sgemm::matmul_with(path, dst, stride, a, b, epilogue, true);
 }
 
-/// Rows up to which `linear`'s `f32` product is `gemm`'s (the bias added after): with a few
+/// Rows up to which `linear`'s `f32` product takes `sgemm`'s `gemm` path: with a few
 /// rows a forward streams its weights from memory (a 6-layer encoder's are 42 MB, more than
 /// the L3), and `gemm`'s order of reading them beat `sgemm`'s column panels in the model
 /// (`encoder_bench`, 1 × 16: 4.7 against 5.9 ms) though not on a weight already in cache.
 const SMALL_M: usize = 64;
-
-/// A 1-D `f32` parameter's values (the bias).
-fn parameter(tensor: &FlexTensor) -> Vec<f32> {
-    let t = super::copy::contiguous(tensor);
-    let start = t.layout().start_offset();
-    t.storage::<f32>()[start..start + t.layout().num_elements()].to_vec()
-}
 
 /// `dst (+)= lhs · rhs` of `bf16` operands, accumulated in `f32` and rounded once to `O`.
 fn product_bf16<O: Output>(

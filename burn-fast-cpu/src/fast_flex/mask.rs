@@ -9,6 +9,8 @@ use burn::tensor::{Bytes, DType};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+use super::copy::{broadcast_strides, offset};
+
 /// Rows per rayon task.
 const ROWS: usize = 256;
 
@@ -47,25 +49,13 @@ fn fill<T: burn::tensor::Element + bytemuck::Pod + Send + Sync>(
     let dims = tensor.layout().shape().to_vec();
     let rank = dims.len();
     let n = dims[rank - 1];
-    let strides: Vec<isize> = mask
-        .layout()
-        .strides()
-        .iter()
-        .zip(mask.layout().shape().iter())
-        .map(|(&s, &size)| if size == 1 { 0 } else { s })
-        .collect();
-    let mask_start = mask.layout().start_offset() as isize;
+    let strides = broadcast_strides(mask.layout());
+    let mask_start = mask.layout().start_offset();
     let mask_bytes = mask.bytes();
     let inner = strides[rank - 1];
     // The mask row of output row `r` (row-major over the leading dimensions).
-    let row_offset = |mut r: usize| -> isize {
-        let mut offset = mask_start;
-        for d in (0..rank - 1).rev() {
-            offset += (r % dims[d]) as isize * strides[d];
-            r /= dims[d];
-        }
-        offset
-    };
+    let row_offset =
+        |r: usize| offset(&dims[..rank - 1], &strides[..rank - 1], mask_start, r) as isize;
     let fill_row = |row: usize, out: &mut [T]| {
         let base = row_offset(row);
         if inner == 0 {

@@ -9,6 +9,8 @@ use rayon::prelude::*;
 
 use burn_cpu_kernels::MatRef;
 
+use super::copy::{broadcast_strides, offset};
+
 /// `lhs · rhs` of two `bf16` tensors of rank ≥ 2 (`[…, m, k] · […, k, n]`, the leading
 /// dimensions broadcast as Burn's `matmul` does), accumulated in `f32` and rounded once.
 ///
@@ -79,17 +81,18 @@ fn batched<E: burn::tensor::Element + bytemuck::Pod + Default + Send + Sync>(
     let mut values = vec![E::default(); batches * m * n];
     if m * n > 0 && k > 0 {
         let (lhs_data, rhs_data) = (lhs.storage::<E>(), rhs.storage::<E>());
+        let (a_strides, b_strides) = (broadcast_strides(a), broadcast_strides(b));
         let one = |index: usize, dst: &mut [E], parallel: bool| {
-            let view = |data, layout: &Layout, rows, cols| {
-                let strides = layout.strides();
+            let view = |data, layout: &Layout, strides: &[isize], rows, cols| {
                 MatRef::strided(
                     data,
-                    offset(layout, &batch, index),
+                    offset(&batch, &strides[..rank - 2], layout.start_offset(), index),
                     [rows, cols],
                     [strides[rank - 2], strides[rank - 1]],
                 )
             };
-            let (x, y) = (view(lhs_data, a, m, k), view(rhs_data, b, k, n));
+            let x = view(lhs_data, a, &a_strides, m, k);
+            let y = view(rhs_data, b, &b_strides, k, n);
             product(dst, n, x, y, parallel);
         };
         // Many small products (attention's heads): one per thread; few large ones: each on
@@ -110,18 +113,4 @@ fn batched<E: burn::tensor::Element + bytemuck::Pod + Default + Send + Sync>(
         Layout::contiguous(Shape::from(dims)),
         dtype,
     )
-}
-
-/// The buffer offset of batch `index` (row-major over `batch`) in `layout`, whose leading
-/// dimensions are `batch`'s or 1 (broadcast).
-fn offset(layout: &Layout, batch: &[usize], mut index: usize) -> usize {
-    let mut offset = layout.start_offset() as isize;
-    for d in (0..batch.len()).rev() {
-        let i = index % batch[d];
-        index /= batch[d];
-        if layout.shape()[d] != 1 {
-            offset += i as isize * layout.strides()[d];
-        }
-    }
-    offset as usize
 }

@@ -131,6 +131,13 @@ fn to_f32(tensor: FlexTensor) -> FlexTensor {
     }
 }
 
+/// A tensor's values as `f32`, row-major (a bias, a norm's `gamma` and `beta`).
+fn f32_values(tensor: &FlexTensor) -> Vec<f32> {
+    let t = copy::contiguous(&to_f32(tensor.clone()));
+    let start = t.layout().start_offset();
+    t.storage::<f32>()[start..start + t.layout().num_elements()].to_vec()
+}
+
 /// An `f32` output rounded to `dtype` (to nearest, ties to even, as `half` rounds); any other
 /// tensor unchanged.
 fn from_f32(tensor: FlexTensor, dtype: FloatDType) -> FlexTensor {

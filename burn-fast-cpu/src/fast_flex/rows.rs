@@ -86,13 +86,6 @@ fn half_rows<H: Half>(values: &mut [H], n: usize, f: &(impl Fn(&mut [f32], usize
     });
 }
 
-/// A 1-D parameter (`gamma`, `beta`) as `f32` values.
-fn parameter(tensor: &FlexTensor) -> Vec<f32> {
-    let t = super::to_f32(tensor.clone()).to_contiguous();
-    let start = t.layout().start_offset();
-    t.storage::<f32>()[start..start + t.layout().num_elements()].to_vec()
-}
-
 /// Softmax over `dim`, vectorised where `dim` is the last; `Err(tensor)` where Flex's runs.
 pub(super) fn softmax(tensor: FlexTensor, dim: usize) -> Result<FlexTensor, FlexTensor> {
     if dim + 1 != tensor.layout().num_dims() {
@@ -124,8 +117,8 @@ pub(super) fn layer_norm(
     if gamma.layout().num_elements() != n || beta.is_some_and(|b| b.layout().num_elements() != n) {
         return Err(tensor);
     }
-    let gamma = parameter(gamma);
-    let beta = beta.map(parameter);
+    let gamma = super::f32_values(gamma);
+    let beta = beta.map(super::f32_values);
     by_rows(tensor, |rows, n| {
         let x = rows.to_vec();
         layer_norm::layer_norm_rows(&x, &gamma, beta.as_deref(), epsilon as f32, rows, n, None);
