@@ -5,6 +5,8 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::activation::softmax;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Tensor};
 
@@ -144,16 +146,28 @@ impl<B: SketchBackend> AnyMultiHeadAttention<B> {
         mask_pad: Option<Tensor<B, 2, Bool>>,
     ) -> Tensor<B, 3> {
         let [batch, seq, d_model] = input.dims();
+        let device = input.device();
         let [q, k, v] = project_heads([&self.query, &self.key, &self.value], input, self.n_heads);
-        let d_k = d_model / self.n_heads;
-        let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d_k as f64).sqrt());
-        let scores = mask_scores(scores, self.causal, mask_pad);
-        let weights = self.dropout.forward(softmax(scores, 3));
-        let context = weights
-            .matmul(v)
-            .swap_dims(1, 2)
-            .reshape([batch, seq, d_model]);
-        self.output.forward(context)
+        let context = if B::ad_enabled(&device) && self.dropout.prob > 0.0 {
+            // Dropout on the weights needs them: the composed form.
+            let d_k = d_model / self.n_heads;
+            let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d_k as f64).sqrt());
+            let scores = mask_scores(scores, self.causal, mask_pad);
+            self.dropout.forward(softmax(scores, 3)).matmul(v)
+        } else {
+            // Burn's attention operation: a backend with a fused kernel (FastFlex) runs it
+            // without the `[batch, heads, seq, seq]` scores; others compose the same math.
+            let heads = self.n_heads;
+            let mask = mask_pad.map(|pad| pad.reshape([batch, 1, 1, seq]).expand([batch, heads, seq, seq]));
+            let options = AttentionModuleOptions {
+                scale: None,
+                softcap: None,
+                is_causal: self.causal,
+            };
+            attention(q, k, v, mask, None, options)
+        };
+        self.output
+            .forward(context.swap_dims(1, 2).reshape([batch, seq, d_model]))
     }
 }
 
