@@ -35,7 +35,7 @@ use burn_fast_cpu::FastFlex;
 use burn_memory::offload::{OffloadConfig, OffloadManager, OffloadSelection, OffloadedModel};
 use burn_memory::training::mixed_precision::CastParams;
 use burn_memory::{CountingAllocator, DeviceMemory};
-use burn_serve::protocol::{JsonTensor, binary_body};
+use burn_serve::protocol::JsonTensor;
 use burn_serve::{
     BatcherConfig, BurnModel, HostData, HostTensor, Servable, ServeError, Server, ServerConfig,
 };
@@ -48,7 +48,7 @@ use examples::mlp::MlpConfig;
 use examples::mnist::Mnist;
 use examples::stats::{mb, median_seconds};
 use examples::training::evaluate_logits;
-use examples_serve::loadgen::{self, Level, LoadConfig, Payload};
+use examples_serve::loadgen::{self, Encoding, Level, LoadConfig, payloads};
 use examples_serve::mixed::{self, Sample};
 use examples_serve::{MNIST_PIXELS, charlm_model, charlm_spec, load, mnist_checkpoint, mnist_spec};
 use serde::Serialize;
@@ -361,39 +361,6 @@ fn request_body(rows: &[Vec<f32>]) -> anyhow::Result<(Vec<u8>, HostTensor)> {
     let input = HostTensor::f32(rows.len(), MNIST_PIXELS, rows.concat())?;
     let body = serde_json::json!({"inputs": [JsonTensor::from_host("input", &input)]});
     Ok((serde_json::to_vec(&body)?, input))
-}
-
-/// How the load generator's requests carry their tensors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-enum Encoding {
-    /// Numbers in the JSON body.
-    Json,
-    /// The binary tensor data extension, both ways (Triton's clients' default).
-    Binary,
-}
-
-/// One request per input, in `encoding`.
-fn payloads(inputs: &[HostTensor], name: &str, encoding: Encoding) -> Arc<Vec<Payload>> {
-    let payloads = inputs
-        .iter()
-        .map(|input| match encoding {
-            Encoding::Json => {
-                let body = serde_json::json!({"inputs": [JsonTensor::from_host(name, input)]});
-                (serde_json::to_vec(&body).expect("JSON"), None)
-            }
-            Encoding::Binary => {
-                let (tensor, bytes) = JsonTensor::binary_from_host(name, input);
-                let request = serde_json::json!({
-                    "parameters": {"binary_data_output": true},
-                    "inputs": [tensor],
-                });
-                let (body, length) = binary_body(&request, &[bytes]);
-                (body, Some(length))
-            }
-        })
-        .collect();
-    Arc::new(payloads)
 }
 
 /// What `--bench` measures: a served model, single-row requests for it, and its forward on one

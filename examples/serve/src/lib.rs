@@ -1,6 +1,6 @@
-//! The serving example's pieces: the two served models (the MNIST classifier and the character
-//! language model), their checkpoints, a load generator ([`loadgen`]) and a run of mixed good and
-//! bad requests ([`mixed`]).
+//! The serving example's pieces: the served models (the MNIST classifier, the character
+//! language model and the all-MiniLM-L6-v2 sentence encoder, [`encoder`]), their checkpoints,
+//! a load generator ([`loadgen`]) and a run of mixed good and bad requests ([`mixed`]).
 //!
 //! A package of its own, apart from `examples`: an example links every dependency of its
 //! package, and the HTTP stack (burn-serve, axum, hyper, tokio) stays out of the other
@@ -11,6 +11,7 @@
 //! cargo run --release -p examples-serve --example serve -- --port 8000
 //! ```
 
+pub mod encoder;
 pub mod loadgen;
 pub mod mixed;
 

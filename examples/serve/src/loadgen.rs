@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use burn_serve::Client;
-use burn_serve::protocol::Method;
+use burn_serve::protocol::{JsonTensor, Method, binary_body};
+use burn_serve::{Client, HostTensor};
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -60,6 +60,39 @@ pub fn check_loopback(addr: SocketAddr) -> anyhow::Result<()> {
 
 /// A request body, and the length of its JSON part when binary tensor data follows it.
 pub type Payload = (Vec<u8>, Option<usize>);
+
+/// How the load generator's requests carry their tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// Numbers in the JSON body.
+    Json,
+    /// The binary tensor data extension, both ways (Triton's clients' default).
+    Binary,
+}
+
+/// One request per input, the tensor named `name`, in `encoding`: what [`run`] sends.
+pub fn payloads(inputs: &[HostTensor], name: &str, encoding: Encoding) -> Arc<Vec<Payload>> {
+    let payloads = inputs
+        .iter()
+        .map(|input| match encoding {
+            Encoding::Json => {
+                let body = serde_json::json!({"inputs": [JsonTensor::from_host(name, input)]});
+                (serde_json::to_vec(&body).expect("JSON"), None)
+            }
+            Encoding::Binary => {
+                let (tensor, bytes) = JsonTensor::binary_from_host(name, input);
+                let request = serde_json::json!({
+                    "parameters": {"binary_data_output": true},
+                    "inputs": [tensor],
+                });
+                let (body, length) = binary_body(&request, &[bytes]);
+                (body, Some(length))
+            }
+        })
+        .collect();
+    Arc::new(payloads)
+}
 
 /// Runs every level in `levels` against `addr`, sending `payloads` in turn.
 pub fn run(
