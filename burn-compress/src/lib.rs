@@ -15,6 +15,8 @@
 //! - [`rank_search`]: [`RankSearch`] finds each layer group's cheapest `(num_terms, low_rank)`
 //!   whose quality passes (Panther's `SKAutoTuner`; not CubeCL's kernel autotuning).
 //! - [`prune`]: magnitude and structured pruning, masks, shrinking.
+//! - [`distil`]: train a converted model to reproduce the original's hidden states
+//!   ([`Distillable`], [`DistilConfig`]), the fine-tuning that recovers what a conversion lost.
 //! - [`CompressError`]: every error of the crate.
 //!
 //! Burn draws a parameter on its first use: call `burn_memory::draw_params` on a freshly built
@@ -42,6 +44,7 @@ mod any_linear;
 mod attention;
 mod block;
 mod convert;
+mod distil;
 mod error;
 mod int8;
 mod low_rank;
@@ -57,6 +60,10 @@ pub use block::{
 };
 pub use convert::{
     ConversionReport, ConvertedLayer, Converter, LayerInfo, Selection, stored_bytes,
+};
+pub use distil::{
+    DistilConfig, DistilInput, DistilLoss, DistilReport, DistilStates, DistilStep, Distillable,
+    distil, output_cosine,
 };
 pub use error::CompressError;
 pub use int8::Int8Linear;

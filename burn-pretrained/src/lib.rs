@@ -7,6 +7,9 @@
 //!   PyTorch adapter and a key remapping; [`load_weights`] for the checkpoint alone.
 //! - [`BertConfig`], [`BertEncoder`]: the model, as Hugging Face's `BertModel` computes it;
 //!   [`BertEncoder::hidden_states`] gives every layer's output, for distillation.
+//! - [`BertEncoder`] is burn-compress's `Distillable` (its layers' outputs over real tokens),
+//!   so that `burn_compress::distil` trains a converted encoder back toward the original;
+//!   [`BertEncoder::with_dropout`] turns its dropout off for that.
 //! - [`Tokenizer`]: the model's `tokenizer.json` (the `tokenizers` crate), to padded
 //!   [`TokenBatch`]es; [`mean_pool`], [`normalize`] and [`SentenceEncoder`]: sentence
 //!   embeddings as sentence-transformers computes them.
@@ -33,6 +36,7 @@
 //! ```
 
 mod config;
+mod distil;
 mod embed;
 mod error;
 mod load;

@@ -3,6 +3,7 @@
 
 #[path = "../../../testing/close.rs"]
 mod close;
+mod distil;
 mod int8;
 #[path = "../../../testing/own_process.rs"]
 mod own_process;
