@@ -8,7 +8,9 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 use crate::CompressError;
-use burn_randnla::RandomizedSvdConfig;
+use burn_randnla::{LinalgError, RandomizedSvdConfig, host};
+use faer::linalg::triangular_solve::solve_upper_triangular_in_place;
+use faer::{Mat, Par, Side};
 
 /// Configuration of a [`LowRankLinear`] layer.
 ///
@@ -154,6 +156,66 @@ impl<B: Backend> LowRankLinear<B> {
                 .bias
                 .as_ref()
                 .map(|bias| Param::from_tensor(bias.val())),
+        })
+    }
+
+    /// The rank-`rank` layer whose outputs are closest to the dense layer's on sample inputs,
+    /// rather than whose weight is closest: it minimises `‖X·(W − A·B)‖` where `gram = XᵀX`
+    /// (`[d_input, d_input]`, summed over the inputs `X` the layer sees). A pretrained weight
+    /// is far from low-rank, but its inputs use few directions strongly; this spends the rank
+    /// on those. With `G = L·Lᵀ` (Cholesky) and `Lᵀ·W = U·Σ·Vᵀ` truncated to `rank`,
+    /// `A = L⁻ᵀ·U·√Σ` and `B = √Σ·Vᵀ`; `G` gets a ridge of 10⁻⁶ of its mean diagonal, so
+    /// inputs that span fewer than `d_input` directions still factor. On the host, in `f64`.
+    ///
+    /// # Errors
+    /// [`CompressError::InvalidConfig`] for `rank` outside `1..=min(d_input, d_output)`,
+    /// [`CompressError::ShapeMismatch`] for a `gram` that is not `[d_input, d_input]`,
+    /// [`CompressError::Linalg`] for non-finite values.
+    pub fn try_from_linear_on_inputs(
+        linear: &Linear<B>,
+        rank: usize,
+        gram: Tensor<B, 2>,
+    ) -> Result<Self, CompressError> {
+        let [d_in, d_out] = linear.weight.dims();
+        if rank == 0 || rank > d_in.min(d_out) {
+            return Err(CompressError::InvalidConfig {
+                name: "rank",
+                value: rank,
+                reason: "must be in 1..=min(d_input, d_output)",
+            });
+        }
+        if gram.dims() != [d_in, d_in] {
+            return Err(CompressError::ShapeMismatch {
+                key: "gram".into(),
+                found: gram.dims().to_vec(),
+                expected: format!("[{d_in}, {d_in}] (d_input squared)"),
+            });
+        }
+        let device = linear.weight.device();
+        let operation = "activation-aware low-rank conversion";
+        let w = host::to_host(linear.weight.val().detach(), operation)?;
+        let mut g = host::to_host(gram.detach(), operation)?;
+        let ridge = 1e-6 * (0..d_in).map(|i| g[(i, i)]).sum::<f64>() / d_in as f64;
+        (0..d_in).for_each(|i| g[(i, i)] += ridge.max(f64::MIN_POSITIVE));
+        let l = g
+            .llt(Side::Lower)
+            .map_err(|_| LinalgError::NonFinite { operation })?
+            .L()
+            .to_owned();
+        let svd = (l.transpose() * &w)
+            .thin_svd()
+            .map_err(|_| LinalgError::NonFinite { operation })?;
+        let (u, s, v) = (svd.U(), svd.S().column_vector(), svd.V());
+        let mut a = Mat::<f64>::from_fn(d_in, rank, |i, t| u[(i, t)] * s[t].sqrt());
+        solve_upper_triangular_in_place(l.transpose(), a.as_mut(), Par::Seq);
+        let b = Mat::<f64>::from_fn(rank, d_out, |t, j| s[t].sqrt() * v[(j, t)]);
+        Ok(Self {
+            a: Param::from_tensor(host::to_device(a.as_ref(), &device)),
+            b: Param::from_tensor(host::to_device(b.as_ref(), &device)),
+            bias: linear
+                .bias
+                .as_ref()
+                .map(|bias| Param::from_tensor(bias.val().detach())),
         })
     }
 

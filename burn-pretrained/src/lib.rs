@@ -48,6 +48,6 @@ pub use config::BertConfig;
 pub use embed::SentenceEncoder;
 pub use error::{Misshapen, PretrainedError};
 pub use load::{HfFiles, Pretrained, load_hf, load_weights};
-pub use model::{BertEmbeddings, BertEncoder, BertLayer, EncoderInput};
+pub use model::{BertEmbeddings, BertEncoder, BertLayer, EncoderInput, LayerTrace};
 pub use pooling::{mean_pool, normalize};
 pub use tokenize::{TokenBatch, Tokenizer};

@@ -147,13 +147,35 @@ impl<B: Backend> BertEmbeddings<B> {
 impl<B: SketchBackend> BertLayer<B> {
     /// `[batch, seq, hidden]` to the same shape; padding keys are not attended to.
     pub fn forward(&self, x: Tensor<B, 3>, mask_pad: Option<Tensor<B, 2, Bool>>) -> Tensor<B, 3> {
+        self.forward_traced(x, mask_pad).output
+    }
+
+    /// [`forward`](Self::forward), keeping the feed-forward layers' inputs: what a conversion
+    /// that fits the layers to the inputs they see (activation-aware low rank) needs.
+    pub fn forward_traced(&self, x: Tensor<B, 3>, mask_pad: Option<Tensor<B, 2, Bool>>) -> LayerTrace<B> {
         let attended = self.attention.forward(x.clone(), mask_pad);
         let x = self.attention_norm.forward(x + self.dropout.forward(attended));
         let inner = gelu(self.intermediate.forward(x.clone()));
-        let out = self.output.forward(inner);
-        self.output_norm.forward(x + self.dropout.forward(out))
+        let out = self.output.forward(inner.clone());
+        LayerTrace {
+            output: self.output_norm.forward(x.clone() + self.dropout.forward(out)),
+            intermediate_input: x,
+            output_input: inner,
+        }
     }
 }
+
+/// A layer's output and its feed-forward layers' inputs, each `[batch, seq, width]`.
+#[derive(Clone, Debug)]
+pub struct LayerTrace<B: Backend> {
+    /// The layer's output.
+    pub output: Tensor<B, 3>,
+    /// The input of [`BertLayer::intermediate`] (width `hidden`).
+    pub intermediate_input: Tensor<B, 3>,
+    /// The input of [`BertLayer::output`] (width `intermediate`, after the GELU).
+    pub output_input: Tensor<B, 3>,
+}
+
 
 impl<B: SketchBackend> BertEncoder<B> {
     /// The last layer's hidden states, `[batch, seq, hidden]` (Hugging Face's

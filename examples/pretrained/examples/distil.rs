@@ -41,8 +41,11 @@ use anyhow::{Context, bail};
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::config::Config;
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
 use burn_compress::{
+    LinearLayer, LowRankLinear,
     Converter, DistilConfig, DistilLoss, LinearKind, Selection, distil, stored_bytes,
 };
 use burn_fast_cpu::FastFlex;
@@ -63,6 +66,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 enum Method {
     /// Low-rank `x·A·B`, from the randomized SVD of each weight.
     LowRank,
+    /// Low-rank, fitted to the inputs each layer sees on calibration sentences
+    /// (`LowRankLinear::try_from_linear_on_inputs`) rather than to its weight.
+    LowRankAware,
     /// Sketched, the least-squares fit to the weight (`SketchInit::Fitted`).
     Fitted,
     /// Sketched, Panther's unbiased start (`SketchInit::Unbiased`).
@@ -75,6 +81,7 @@ impl Method {
     fn name(self) -> &'static str {
         match self {
             Self::LowRank => "low-rank",
+            Self::LowRankAware => "low-rank-aware",
             Self::Fitted => "fitted",
             Self::Unbiased => "unbiased",
             Self::All => "all",
@@ -105,6 +112,12 @@ struct Args {
     /// The feed-forward layers' parameters kept, as a fraction of the dense ones.
     #[arg(long, default_value_t = 0.5)]
     fraction: f64,
+    /// Train the embeddings too (by default they are frozen: only the layers train).
+    #[arg(long)]
+    train_embeddings: bool,
+    /// Batches of training sentences whose inputs the activation-aware conversion fits.
+    #[arg(long, default_value_t = 16)]
+    calibration: usize,
     /// Sketched terms T (each of rank k, k from the fraction).
     #[arg(long, default_value_t = 1)]
     terms: usize,
@@ -261,7 +274,12 @@ fn main() -> anyhow::Result<()> {
     let train = batches(&cut, &train_texts, args.batch)?;
 
     let methods = match args.method {
-        Method::All => vec![Method::LowRank, Method::Fitted, Method::Unbiased],
+        Method::All => vec![
+            Method::LowRankAware,
+            Method::LowRank,
+            Method::Fitted,
+            Method::Unbiased,
+        ],
         one => vec![one],
     };
     let ctx = Shared {
@@ -343,7 +361,7 @@ fn run_method<C: CheckpointStrategy>(
     let (h, f) = (ctx.config.hidden_size, ctx.config.intermediate_size);
     let budget = args.fraction * (h * f) as f64 / (h + f) as f64;
     let (kind, init) = match method {
-        Method::LowRank => (
+        Method::LowRank | Method::LowRankAware => (
             LinearKind::LowRank {
                 rank: budget as usize,
             },
@@ -370,14 +388,28 @@ fn run_method<C: CheckpointStrategy>(
     let encoder = loaded.encoder.with_dropout(0.0);
     let teacher = encoder.valid();
     <Autodiff<Inner, C> as burn::tensor::backend::Backend>::seed(&device, args.seed);
-    let (student, report) = Converter::new()
-        .rule(
-            Selection::paths(["layers.*.intermediate", "layers.*.output"]),
-            kind,
-        )
-        .sketch_init(init)
-        .apply(encoder)?;
-    let (ffn_dense, ffn_params) = report.trainable();
+    let (student, (ffn_dense, ffn_params)) = match (method, kind) {
+        (Method::LowRankAware, LinearKind::LowRank { rank }) => {
+            let calibration = &ctx.train[..args.calibration.min(ctx.train.len())];
+            fit_to_inputs(encoder, &teacher, calibration, rank)?
+        }
+        _ => {
+            let (student, report) = Converter::new()
+                .rule(
+                    Selection::paths(["layers.*.intermediate", "layers.*.output"]),
+                    kind,
+                )
+                .sketch_init(init)
+                .apply(encoder)?;
+            (student, report.trainable())
+        }
+    };
+    // The embeddings (11.7 M of the 22.7 M parameters) are not converted and gain little from
+    // training; freezing them saves their AdamW update at every step.
+    let mut student = student;
+    if !args.train_embeddings {
+        student.embeddings = student.embeddings.no_grad();
+    }
     let stored = stored_bytes(&student);
     let before = measure(ctx, student.valid(), "before")?;
     println!(
@@ -493,6 +525,62 @@ fn run_method<C: CheckpointStrategy>(
         last_loss,
         curve,
     })
+}
+
+/// The encoder with its feed-forward layers low-rank, each fitted to the inputs it sees on the
+/// `calibration` batches (their real tokens): the sums `XᵀX` per layer, from the teacher, then
+/// `LowRankLinear::try_from_linear_on_inputs`. Returns the student and its feed-forward
+/// layers' trainable parameters before and after.
+fn fit_to_inputs<B: AutodiffBackend<InnerBackend = FastFlex>>(
+    mut encoder: BertEncoder<B>,
+    teacher: &BertEncoder<FastFlex>,
+    calibration: &[TokenBatch],
+    rank: usize,
+) -> anyhow::Result<(BertEncoder<B>, (usize, usize))> {
+    let device = Default::default();
+    let mut grams: Vec<Option<[Tensor<FastFlex, 2>; 2]>> = vec![None; teacher.layers.len()];
+    for batch in calibration {
+        let input = batch.to_input::<FastFlex>(&device);
+        let [b, s] = input.ids.dims();
+        let real = input
+            .mask_pad
+            .clone()
+            .map(|pad| pad.bool_not().float().reshape([b, s, 1]));
+        let mut x = teacher.embeddings.forward(&input);
+        for (layer, gram) in teacher.layers.iter().zip(&mut grams) {
+            let trace = layer.forward_traced(x, input.mask_pad.clone());
+            let sum = |t: Tensor<FastFlex, 3>| {
+                let t = match &real {
+                    Some(real) => t * real.clone(),
+                    None => t,
+                };
+                let [_, _, w] = t.dims();
+                let rows = t.reshape([b * s, w]);
+                rows.clone().transpose().matmul(rows)
+            };
+            let new = [sum(trace.intermediate_input), sum(trace.output_input)];
+            *gram = Some(match gram.take() {
+                Some([g1, g2]) => [g1 + new[0].clone(), g2 + new[1].clone()],
+                None => new,
+            });
+            x = trace.output;
+        }
+    }
+    let (mut before, mut after) = (0, 0);
+    for (layer, gram) in encoder.layers.iter_mut().zip(grams) {
+        let [g1, g2] = gram.context("no calibration batch")?;
+        for (linear, g) in [(&mut layer.intermediate, g1), (&mut layer.output, g2)] {
+            let LinearLayer::Dense(dense) = linear.layer() else {
+                bail!("a feed-forward layer is not dense before the conversion");
+            };
+            let low_rank =
+                LowRankLinear::try_from_linear_on_inputs(dense, rank, Tensor::from_inner(g))?;
+            before += linear.num_trainable();
+            *linear = low_rank.into();
+            after += linear.num_trainable();
+        }
+    }
+    Ok((encoder, (before, after)))
 }
 
 /// An encoder's embeddings of the held-out set, timed, against the original's.
