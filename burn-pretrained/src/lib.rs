@@ -51,3 +51,8 @@ pub use load::{HfFiles, Pretrained, load_hf, load_weights};
 pub use model::{BertEmbeddings, BertEncoder, BertLayer, EncoderInput, LayerTrace};
 pub use pooling::{mean_pool, normalize};
 pub use tokenize::{TokenBatch, Tokenizer};
+
+/// The crate README's example, compiled and run as a doctest so that it stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -799,3 +799,66 @@ fn fitted_sketched_conversion_is_the_least_squares_fit() {
         "Converter: fitted {fitted} against unbiased {unbiased}"
     );
 }
+
+/// The activation-aware conversion: with inputs of every direction alike (`XᵀX = I`) it is the
+/// truncated SVD; with inputs that use few directions strongly, its outputs on those inputs
+/// are closer to the dense layer's than the SVD's, and no worse than the bound of the best
+/// rank-`r` approximation of `X·W`.
+#[test]
+fn low_rank_on_inputs_fits_the_inputs_not_the_weight() {
+    use burn::nn::LinearConfig;
+    use burn_compress::LowRankLinear;
+    use burn_randnla as linalg;
+
+    let device = Default::default();
+    let (d_in, d_out, rank, rows) = (24, 18, 4, 200);
+    let linear = LinearConfig::new(d_in, d_out).init::<F>(&device);
+    draw_params(&linear);
+    let weight = linear.weight.val();
+    let rank_error = |layer: &LowRankLinear<F>, x: &Tensor<F, 2>| -> f64 {
+        let want = x.clone().matmul(weight.clone());
+        let got = x.clone().matmul(layer.a.val().matmul(layer.b.val()));
+        (got - want).powi_scalar(2).sum().sqrt().into_scalar().elem()
+    };
+
+    // XᵀX = I: the weight's own truncated SVD, so the error is the optimal one.
+    let identity = Tensor::<F, 2>::eye(d_in, &device);
+    let layer = LowRankLinear::try_from_linear_on_inputs(&linear, rank, identity.clone()).unwrap();
+    let sigma = linalg::singular_values(weight.clone()).unwrap();
+    let optimal = sigma.iter().skip(rank).map(|s| s * s).sum::<f64>().sqrt();
+    let error = rank_error(&layer, &identity);
+    assert!((error - optimal).abs() <= 1e-4 * optimal, "{error} against {optimal}");
+    assert_eq!(
+        layer.bias.as_ref().unwrap().val().into_data(),
+        linear.bias.as_ref().unwrap().val().into_data()
+    );
+
+    // Inputs whose scale falls off by 0.7 per direction.
+    let scales: Vec<f32> = (0..d_in).map(|i| 0.7f32.powi(i as i32)).collect();
+    let x = Tensor::<F, 2>::random([rows, d_in], Distribution::Normal(0.0, 1.0), &device)
+        * Tensor::<F, 1>::from_floats(scales.as_slice(), &device).unsqueeze_dim(0);
+    let gram = x.clone().transpose().matmul(x.clone());
+    let aware = LowRankLinear::try_from_linear_on_inputs(&linear, rank, gram).unwrap();
+    let plain = LowRankLinear::try_from_linear(&linear, rank).unwrap();
+    let (aware_error, plain_error) = (rank_error(&aware, &x), rank_error(&plain, &x));
+    let best = linalg::singular_values(x.clone().matmul(weight.clone()))
+        .unwrap()
+        .iter()
+        .skip(rank)
+        .map(|s| s * s)
+        .sum::<f64>()
+        .sqrt();
+    assert!(aware_error < 0.8 * plain_error, "aware {aware_error}, plain {plain_error}");
+    assert!(aware_error <= best * (1.0 + 1e-3) + 1e-5, "aware {aware_error}, best {best}");
+
+    // Bad sizes are typed errors.
+    let wrong = Tensor::<F, 2>::eye(d_in + 1, &device);
+    assert!(matches!(
+        LowRankLinear::try_from_linear_on_inputs(&linear, rank, wrong),
+        Err(CompressError::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        LowRankLinear::try_from_linear_on_inputs(&linear, 0, identity),
+        Err(CompressError::InvalidConfig { name: "rank", .. })
+    ));
+}

@@ -31,7 +31,6 @@
 //! builds the same layers before the file is loaded into them) and `tokenizer.json` (a copy of
 //! the model's). The serving example's `load_encoder` reads the directory.
 //!
-//! The timings on a shared machine are contended: say so when quoting them.
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -305,8 +304,7 @@ fn main() -> anyhow::Result<()> {
     }
     println!();
     println!(
-        "all methods (distillation {} min each, {precision:?}, checkpointing {checkpointing}; \
-         timings on a shared machine are contended):",
+        "all methods (distillation {} min each, {precision:?}, checkpointing {checkpointing}):",
         ctx.args.minutes
     );
     print_table(&rows, &ctx);

@@ -12,6 +12,12 @@ use burn_fast_cpu::FastFlex;
 use burn_memory::training::mixed_precision::CastParams;
 use burn_pretrained::{SentenceEncoder, load_hf};
 
+/// The book's chapter "Bring a pretrained model", compiled as a doctest here, where
+/// burn-pretrained is a dependency.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/src/pretrained/bring-a-pretrained-model.md")]
+pub struct BookDoctests;
+
 /// The Python package that ships all-MiniLM-L6-v2's Hugging Face files (a zip inside it).
 pub const MINILM_PACKAGE: &str = "all_minilm_l6_v2";
 
