@@ -5,9 +5,9 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::activation::softmax;
+use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Tensor};
 
 use super::{AnyLinear, AnyLinearConfig, LinearKind};
@@ -158,7 +158,10 @@ impl<B: SketchBackend> AnyMultiHeadAttention<B> {
             // Burn's attention operation: a backend with a fused kernel (FastFlex) runs it
             // without the `[batch, heads, seq, seq]` scores; others compose the same math.
             let heads = self.n_heads;
-            let mask = mask_pad.map(|pad| pad.reshape([batch, 1, 1, seq]).expand([batch, heads, seq, seq]));
+            let mask = mask_pad.map(|pad| {
+                pad.reshape([batch, 1, 1, seq])
+                    .expand([batch, heads, seq, seq])
+            });
             let options = AttentionModuleOptions {
                 scale: None,
                 softcap: None,

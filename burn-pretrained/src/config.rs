@@ -188,9 +188,18 @@ impl BertConfig {
     pub fn hf_tensors(&self) -> Vec<(String, Vec<usize>)> {
         let (h, f) = (self.hidden_size, self.intermediate_size);
         let mut tensors = vec![
-            ("embeddings.word_embeddings.weight".to_string(), vec![self.vocab_size, h]),
-            ("embeddings.position_embeddings.weight".into(), vec![self.max_position_embeddings, h]),
-            ("embeddings.token_type_embeddings.weight".into(), vec![self.type_vocab_size, h]),
+            (
+                "embeddings.word_embeddings.weight".to_string(),
+                vec![self.vocab_size, h],
+            ),
+            (
+                "embeddings.position_embeddings.weight".into(),
+                vec![self.max_position_embeddings, h],
+            ),
+            (
+                "embeddings.token_type_embeddings.weight".into(),
+                vec![self.type_vocab_size, h],
+            ),
             ("embeddings.LayerNorm.weight".into(), vec![h]),
             ("embeddings.LayerNorm.bias".into(), vec![h]),
         ];
@@ -202,7 +211,11 @@ impl BertConfig {
                     (format!("{p}.{name}.bias"), vec![d_out]),
                 ]
             };
-            for name in ["attention.self.query", "attention.self.key", "attention.self.value"] {
+            for name in [
+                "attention.self.query",
+                "attention.self.key",
+                "attention.self.value",
+            ] {
                 tensors.extend(linear(name, h, h));
             }
             tensors.extend(linear("attention.output.dense", h, h));

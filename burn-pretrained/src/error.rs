@@ -15,7 +15,11 @@ pub struct Misshapen {
 
 impl std::fmt::Display for Misshapen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} is {:?}, expected {:?}", self.key, self.found, self.expected)
+        write!(
+            f,
+            "{} is {:?}, expected {:?}",
+            self.key, self.found, self.expected
+        )
     }
 }
 
@@ -89,7 +93,11 @@ fn list(label: &str, items: &[String]) -> String {
         return String::new();
     }
     const SHOWN: usize = 8;
-    let mut text = format!("{label}({}): {}", items.len(), items[..items.len().min(SHOWN)].join(", "));
+    let mut text = format!(
+        "{label}({}): {}",
+        items.len(),
+        items[..items.len().min(SHOWN)].join(", ")
+    );
     if items.len() > SHOWN {
         text.push_str(", …");
     }

@@ -22,12 +22,30 @@ const KEY_MAP: [(&str, &str); 10] = [
     (r"LayerNorm\.gamma$", "LayerNorm.weight"),
     (r"LayerNorm\.beta$", "LayerNorm.bias"),
     (r"^embeddings\.LayerNorm\.", "embeddings.layer_norm."),
-    (r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.", "layers.$1.attention.$2."),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.", "layers.$1.attention.output."),
-    (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", "layers.$1.attention_norm."),
-    (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", "layers.$1.intermediate."),
-    (r"^encoder\.layer\.(\d+)\.output\.dense\.", "layers.$1.output."),
-    (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", "layers.$1.output_norm."),
+    (
+        r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.",
+        "layers.$1.attention.$2.",
+    ),
+    (
+        r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.",
+        "layers.$1.attention.output.",
+    ),
+    (
+        r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.",
+        "layers.$1.attention_norm.",
+    ),
+    (
+        r"^encoder\.layer\.(\d+)\.intermediate\.dense\.",
+        "layers.$1.intermediate.",
+    ),
+    (
+        r"^encoder\.layer\.(\d+)\.output\.dense\.",
+        "layers.$1.output.",
+    ),
+    (
+        r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.",
+        "layers.$1.output_norm.",
+    ),
 ];
 
 /// The files of a Hugging Face model directory.
@@ -59,7 +77,11 @@ impl HfFiles {
                 }),
             }
         };
-        let (config, weights, tokenizer) = (file("config.json")?, file("model.safetensors")?, file("tokenizer.json")?);
+        let (config, weights, tokenizer) = (
+            file("config.json")?,
+            file("model.safetensors")?,
+            file("tokenizer.json")?,
+        );
         let max_length = read_json(&dir.join("sentence_bert_config.json"))
             .and_then(|v| v["max_seq_length"].as_u64())
             .or_else(|| read_json(&tokenizer).and_then(|v| v["truncation"]["max_length"].as_u64()))
@@ -99,7 +121,10 @@ pub struct Pretrained<B: Backend> {
 /// assert_eq!(states.dims(), [2, batch.seq, 384]);
 /// # Ok::<(), burn_pretrained::PretrainedError>(())
 /// ```
-pub fn load_hf<B: Backend>(dir: impl AsRef<Path>, device: &B::Device) -> Result<Pretrained<B>, PretrainedError> {
+pub fn load_hf<B: Backend>(
+    dir: impl AsRef<Path>,
+    device: &B::Device,
+) -> Result<Pretrained<B>, PretrainedError> {
     let files = HfFiles::in_dir(dir)?;
     let config = BertConfig::from_hf_file(&files.config)?;
     let mut encoder = config.try_init::<B>(device)?;
@@ -138,13 +163,18 @@ pub fn load_weights<B: Backend>(
         path: path.into(),
         reason,
     };
-    let rules: Vec<(String, String)> = KEY_MAP.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+    let rules: Vec<(String, String)> = KEY_MAP
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
     let remapper = KeyRemapper::from_patterns(rules).map_err(|err| store_err(err.to_string()))?;
     let mut store = SafetensorsStore::from_file(path)
         .with_from_adapter(PyTorchToBurnAdapter)
         .remap(remapper)
         .skip_enum_variants(true);
-    let result = encoder.load_from(&mut store).map_err(|err| store_err(err.to_string()))?;
+    let result = encoder
+        .load_from(&mut store)
+        .map_err(|err| store_err(err.to_string()))?;
     if !result.errors.is_empty() || !result.missing.is_empty() {
         return Err(store_err(format!("{result:?}")));
     }
@@ -163,7 +193,11 @@ fn check_header(config: &BertConfig, path: &Path) -> Result<(), PretrainedError>
         let dtype = info["dtype"].as_str().unwrap_or("?").to_string();
         let shape = info["shape"]
             .as_array()
-            .map(|dims| dims.iter().filter_map(|d| d.as_u64().map(|d| d as usize)).collect())
+            .map(|dims| {
+                dims.iter()
+                    .filter_map(|d| d.as_u64().map(|d| d as usize))
+                    .collect()
+            })
             .unwrap_or_default();
         found.insert(hf_name(key), (dtype, shape));
     }

@@ -7,7 +7,9 @@ use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, LayerNorm, La
 use burn::tensor::activation::gelu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
-use burn_compress::{AnyLinear, AnyLinearConfig, AnyMultiHeadAttention, AnyMultiHeadAttentionConfig};
+use burn_compress::{
+    AnyLinear, AnyLinearConfig, AnyMultiHeadAttention, AnyMultiHeadAttentionConfig,
+};
 use burn_sketch::SketchBackend;
 
 use crate::{BertConfig, PretrainedError};
@@ -91,13 +93,20 @@ impl BertConfig {
     }
 
     /// [`init`](Self::init), or the error naming the bad value.
-    pub fn try_init<B: Backend>(&self, device: &B::Device) -> Result<BertEncoder<B>, PretrainedError> {
+    pub fn try_init<B: Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<BertEncoder<B>, PretrainedError> {
         self.validate().map_err(|reason| PretrainedError::Config {
             path: "<config>".into(),
             reason,
         })?;
         let (h, f) = (self.hidden_size, self.intermediate_size);
-        let norm = || LayerNormConfig::new(h).with_epsilon(self.layer_norm_eps).init(device);
+        let norm = || {
+            LayerNormConfig::new(h)
+                .with_epsilon(self.layer_norm_eps)
+                .init(device)
+        };
         let dropout = || DropoutConfig::new(self.hidden_dropout_prob).init();
         let embeddings = BertEmbeddings {
             word_embeddings: EmbeddingConfig::new(self.vocab_size, h).init(device),
@@ -114,8 +123,12 @@ impl BertConfig {
                         .with_projections(self.attention_kind)
                         .try_init(device)?,
                     attention_norm: norm(),
-                    intermediate: AnyLinearConfig::new(h, f).with_kind(self.ffn_kind).try_init(device)?,
-                    output: AnyLinearConfig::new(f, h).with_kind(self.ffn_kind).try_init(device)?,
+                    intermediate: AnyLinearConfig::new(h, f)
+                        .with_kind(self.ffn_kind)
+                        .try_init(device)?,
+                    output: AnyLinearConfig::new(f, h)
+                        .with_kind(self.ffn_kind)
+                        .try_init(device)?,
                     output_norm: norm(),
                     dropout: dropout(),
                 })
@@ -152,13 +165,21 @@ impl<B: SketchBackend> BertLayer<B> {
 
     /// [`forward`](Self::forward), keeping the feed-forward layers' inputs: what a conversion
     /// that fits the layers to the inputs they see (activation-aware low rank) needs.
-    pub fn forward_traced(&self, x: Tensor<B, 3>, mask_pad: Option<Tensor<B, 2, Bool>>) -> LayerTrace<B> {
+    pub fn forward_traced(
+        &self,
+        x: Tensor<B, 3>,
+        mask_pad: Option<Tensor<B, 2, Bool>>,
+    ) -> LayerTrace<B> {
         let attended = self.attention.forward(x.clone(), mask_pad);
-        let x = self.attention_norm.forward(x + self.dropout.forward(attended));
+        let x = self
+            .attention_norm
+            .forward(x + self.dropout.forward(attended));
         let inner = gelu(self.intermediate.forward(x.clone()));
         let out = self.output.forward(inner.clone());
         LayerTrace {
-            output: self.output_norm.forward(x.clone() + self.dropout.forward(out)),
+            output: self
+                .output_norm
+                .forward(x.clone() + self.dropout.forward(out)),
             intermediate_input: x,
             output_input: inner,
         }
@@ -175,7 +196,6 @@ pub struct LayerTrace<B: Backend> {
     /// The input of [`BertLayer::output`] (width `intermediate`, after the GELU).
     pub output_input: Tensor<B, 3>,
 }
-
 
 impl<B: SketchBackend> BertEncoder<B> {
     /// The last layer's hidden states, `[batch, seq, hidden]` (Hugging Face's

@@ -10,7 +10,10 @@ use burn::tensor::{Bool, Tensor};
 /// - hidden: `[batch, seq, hidden]`
 /// - mask_pad: `[batch, seq]`, `true` at padding (`None`: every token is real)
 /// - output: `[batch, hidden]`
-pub fn mean_pool<B: Backend>(hidden: Tensor<B, 3>, mask_pad: Option<Tensor<B, 2, Bool>>) -> Tensor<B, 2> {
+pub fn mean_pool<B: Backend>(
+    hidden: Tensor<B, 3>,
+    mask_pad: Option<Tensor<B, 2, Bool>>,
+) -> Tensor<B, 2> {
     let [batch, seq, width] = hidden.dims();
     match mask_pad {
         None => hidden.mean_dim(1).reshape([batch, width]),
@@ -18,7 +21,10 @@ pub fn mean_pool<B: Backend>(hidden: Tensor<B, 3>, mask_pad: Option<Tensor<B, 2,
             let real = pad.bool_not().float().reshape([batch, seq, 1]);
             // sentence-transformers clamps the count at 1e-9, so an all-padding row gives 0.
             let count = real.clone().sum_dim(1).clamp_min(1e-9);
-            (hidden * real).sum_dim(1).div(count).reshape([batch, width])
+            (hidden * real)
+                .sum_dim(1)
+                .div(count)
+                .reshape([batch, width])
         }
     }
 }

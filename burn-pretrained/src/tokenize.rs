@@ -145,11 +145,19 @@ impl Tokenizer {
             lengths: Vec::with_capacity(encodings.len()),
         };
         for encoding in &encodings {
-            batch.ids.extend(encoding.get_ids().iter().map(|&id| id as i64));
-            batch.type_ids.extend(encoding.get_type_ids().iter().map(|&id| id as i64));
             batch
-                .lengths
-                .push(encoding.get_attention_mask().iter().filter(|&&m| m == 1).count());
+                .ids
+                .extend(encoding.get_ids().iter().map(|&id| id as i64));
+            batch
+                .type_ids
+                .extend(encoding.get_type_ids().iter().map(|&id| id as i64));
+            batch.lengths.push(
+                encoding
+                    .get_attention_mask()
+                    .iter()
+                    .filter(|&&m| m == 1)
+                    .count(),
+            );
         }
         Ok(batch)
     }

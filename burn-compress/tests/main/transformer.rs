@@ -818,7 +818,12 @@ fn low_rank_on_inputs_fits_the_inputs_not_the_weight() {
     let rank_error = |layer: &LowRankLinear<F>, x: &Tensor<F, 2>| -> f64 {
         let want = x.clone().matmul(weight.clone());
         let got = x.clone().matmul(layer.a.val().matmul(layer.b.val()));
-        (got - want).powi_scalar(2).sum().sqrt().into_scalar().elem()
+        (got - want)
+            .powi_scalar(2)
+            .sum()
+            .sqrt()
+            .into_scalar()
+            .elem()
     };
 
     // XᵀX = I: the weight's own truncated SVD, so the error is the optimal one.
@@ -827,7 +832,10 @@ fn low_rank_on_inputs_fits_the_inputs_not_the_weight() {
     let sigma = linalg::singular_values(weight.clone()).unwrap();
     let optimal = sigma.iter().skip(rank).map(|s| s * s).sum::<f64>().sqrt();
     let error = rank_error(&layer, &identity);
-    assert!((error - optimal).abs() <= 1e-4 * optimal, "{error} against {optimal}");
+    assert!(
+        (error - optimal).abs() <= 1e-4 * optimal,
+        "{error} against {optimal}"
+    );
     assert_eq!(
         layer.bias.as_ref().unwrap().val().into_data(),
         linear.bias.as_ref().unwrap().val().into_data()
@@ -848,8 +856,14 @@ fn low_rank_on_inputs_fits_the_inputs_not_the_weight() {
         .map(|s| s * s)
         .sum::<f64>()
         .sqrt();
-    assert!(aware_error < 0.8 * plain_error, "aware {aware_error}, plain {plain_error}");
-    assert!(aware_error <= best * (1.0 + 1e-3) + 1e-5, "aware {aware_error}, best {best}");
+    assert!(
+        aware_error < 0.8 * plain_error,
+        "aware {aware_error}, plain {plain_error}"
+    );
+    assert!(
+        aware_error <= best * (1.0 + 1e-3) + 1e-5,
+        "aware {aware_error}, best {best}"
+    );
 
     // Bad sizes are typed errors.
     let wrong = Tensor::<F, 2>::eye(d_in + 1, &device);

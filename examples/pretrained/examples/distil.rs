@@ -44,8 +44,8 @@ use burn::module::{AutodiffModule, Module};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use burn_compress::{
-    LinearLayer, LowRankLinear,
-    Converter, DistilConfig, DistilLoss, LinearKind, Selection, distil, stored_bytes,
+    Converter, DistilConfig, DistilLoss, LinearKind, LinearLayer, LowRankLinear, Selection, distil,
+    stored_bytes,
 };
 use burn_fast_cpu::FastFlex;
 use burn_memory::{Checkpointing, Precision, WithAutodiff};

@@ -31,16 +31,23 @@ pub fn model_dir(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(dir) = std::env::var_os("MINILM_DIR") {
         return Ok(PathBuf::from(dir));
     }
-    let cache = workspace_target().join("pretrained").join("all-MiniLM-L6-v2");
+    let cache = workspace_target()
+        .join("pretrained")
+        .join("all-MiniLM-L6-v2");
     if cache.join("model.safetensors").is_file() {
         return Ok(cache);
     }
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let found = std::process::Command::new(&python)
-        .args(["-c", &format!("import {MINILM_PACKAGE} as m; print(m.get_model_zip_path())")])
+        .args([
+            "-c",
+            &format!("import {MINILM_PACKAGE} as m; print(m.get_model_zip_path())"),
+        ])
         .output();
     let zip_path = match found {
-        Ok(out) if out.status.success() => PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()),
+        Ok(out) if out.status.success() => {
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
         _ => bail!(
             "all-MiniLM-L6-v2 not found: pass --model DIR (a Hugging Face directory with \
              config.json, model.safetensors, tokenizer.json), set MINILM_DIR, or install the \
@@ -50,10 +57,13 @@ pub fn model_dir(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
         ),
     };
     tracing::info!("extracting {} to {}", zip_path.display(), cache.display());
-    let file = std::fs::File::open(&zip_path).with_context(|| format!("opening {}", zip_path.display()))?;
+    let file = std::fs::File::open(&zip_path)
+        .with_context(|| format!("opening {}", zip_path.display()))?;
     let mut archive = zip::ZipArchive::new(file).context("reading the model's zip")?;
     std::fs::create_dir_all(&cache)?;
-    archive.extract(&cache).context("extracting the model's zip")?;
+    archive
+        .extract(&cache)
+        .context("extracting the model's zip")?;
     Ok(cache)
 }
 
@@ -119,7 +129,12 @@ pub fn into_form(
     Ok(match form {
         Form::F32 => encoder,
         Form::Bf16 => encoder.map(&mut CastParams(DType::BF16)),
-        Form::Int8 => Converter::new().rule(Selection::All, LinearKind::Int8).apply(encoder)?.0,
+        Form::Int8 => {
+            Converter::new()
+                .rule(Selection::All, LinearKind::Int8)
+                .apply(encoder)?
+                .0
+        }
     })
 }
 
@@ -142,7 +157,12 @@ pub fn nearest(rows: &[Vec<f32>], query: usize, k: usize) -> Vec<usize> {
         .iter()
         .enumerate()
         .filter(|&(i, _)| i != query)
-        .map(|(i, r)| (i, cosines(std::slice::from_ref(q), std::slice::from_ref(r))[0]))
+        .map(|(i, r)| {
+            (
+                i,
+                cosines(std::slice::from_ref(q), std::slice::from_ref(r))[0],
+            )
+        })
         .collect();
     scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     scored.into_iter().take(k).map(|(i, _)| i).collect()
