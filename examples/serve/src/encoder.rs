@@ -8,7 +8,7 @@
 //! token ids, `[CLS]` and `[SEP]` included, then padding id 0 up to `max_length`. BERT's
 //! `[PAD]` is id 0 and no real token has it, so id 0 *is* the attention mask: no
 //! `attention_mask` input is needed (burn-serve's models take one input). Each replica sorts
-//! a batch's rows by length, runs them in groups of similar length ([`length_groups`]), each
+//! a batch's rows by length, runs them in groups of similar length (`length_groups`), each
 //! cut to its longest real row, and puts the embeddings back in order: a batch costs about
 //! what its real tokens cost, whatever `max_length` is and however mixed its lengths. Padding
 //! changes nothing else, as padded keys are masked out of attention and padded states out of
@@ -261,7 +261,7 @@ impl EncoderReplica {
     }
 
     /// The embeddings of a batch of id rows, `[rows, hidden]` row-major. The rows run in
-    /// groups of similar length ([`length_groups`]), each cut to its longest row, so that a
+    /// groups of similar length (`length_groups`), each cut to its longest row, so that a
     /// batch of mixed lengths is not padded to its longest text.
     pub fn embed_rows(&self, ids: &[i64], rows: usize) -> Result<Vec<f32>, ServeError> {
         if rows == 0 || ids.is_empty() || !ids.len().is_multiple_of(rows) {
