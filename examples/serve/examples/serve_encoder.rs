@@ -566,7 +566,7 @@ fn check_server(
             zero.iter().all(|&v| v == 0.0),
             "a row of padding did not embed to zero"
         );
-        let before = batch_totals(&mut client).await?;
+        let before = loadgen::batch_totals(addr, ENCODER_MODEL).await?;
         let chunks = Arc::new(chunks);
         let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let users: Vec<_> = (0..8)
@@ -614,7 +614,7 @@ fn check_server(
                 }
             }
         }
-        let after = batch_totals(&mut client).await?;
+        let after = loadgen::batch_totals(addr, ENCODER_MODEL).await?;
         let batches = after.0 - before.0;
         let mean_batch = if batches > 0.0 {
             (after.1 - before.1) / batches
@@ -636,23 +636,6 @@ fn check_server(
         }
         Ok((rows, requests, mean_batch))
     })
-}
-
-/// The server's batches and rows so far for the encoder, from its metrics.
-async fn batch_totals(client: &mut Client) -> anyhow::Result<(f64, f64)> {
-    let answer = client.get("/metrics").await?;
-    let text = String::from_utf8_lossy(&answer.body);
-    let value = |name: &str| {
-        let prefix = format!("{name}{{model=\"{ENCODER_MODEL}\"}} ");
-        text.lines()
-            .find_map(|line| line.strip_prefix(&prefix))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    Ok((
-        value("burn_serve_batch_size_count"),
-        value("burn_serve_batch_size_sum"),
-    ))
 }
 
 #[derive(Serialize)]

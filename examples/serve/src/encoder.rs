@@ -92,6 +92,17 @@ struct Trimmed {
     empty: Vec<usize>,
 }
 
+/// Each row's real ids: up to its last nonzero id (id 0 is padding).
+fn row_lengths(ids: &[i64], width: usize) -> Vec<usize> {
+    ids.chunks(width)
+        .map(|row| {
+            row.iter()
+                .rposition(|&id| id != 0)
+                .map_or(0, |last| last + 1)
+        })
+        .collect()
+}
+
 /// Cuts `rows` rows of `width` ids to the longest real row (id 0 is padding) and checks
 /// every id against the vocabulary.
 fn trim(ids: &[i64], rows: usize, width: usize, vocab: usize) -> Result<Trimmed, ServeError> {
@@ -112,14 +123,7 @@ fn trim(ids: &[i64], rows: usize, width: usize, vocab: usize) -> Result<Trimmed,
             at % width
         )));
     }
-    let lengths: Vec<usize> = ids
-        .chunks(width)
-        .map(|row| {
-            row.iter()
-                .rposition(|&id| id != 0)
-                .map_or(0, |last| last + 1)
-        })
-        .collect();
+    let lengths = row_lengths(ids, width);
     let seq = lengths.iter().copied().max().unwrap_or(0).max(1);
     let mut kept = Vec::with_capacity(rows * seq);
     let mut pad = Vec::with_capacity(rows * seq);
@@ -271,15 +275,7 @@ impl EncoderReplica {
             )));
         }
         let width = ids.len() / rows;
-        let lengths: Vec<usize> = ids
-            .chunks(width)
-            .map(|row| {
-                row.iter()
-                    .rposition(|&id| id != 0)
-                    .map_or(0, |last| last + 1)
-            })
-            .collect();
-        let groups = length_groups(&lengths);
+        let groups = length_groups(&row_lengths(ids, width));
         if groups.len() == 1 {
             return self.embed_group(ids, rows, width);
         }

@@ -215,7 +215,7 @@ async fn send_all(
 }
 
 /// The server's batch count and rows so far for `model`, from its metrics.
-async fn batch_totals(addr: SocketAddr, model: &str) -> anyhow::Result<(f64, f64)> {
+pub async fn batch_totals(addr: SocketAddr, model: &str) -> anyhow::Result<(f64, f64)> {
     let mut client = Client::connect(addr).await?;
     let answer = client.get("/metrics").await?;
     let text = String::from_utf8_lossy(&answer.body);
