@@ -16,8 +16,9 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use burn_cpu_kernels::Activation;
+use burn_cpu_kernels::Isa;
 use burn_cpu_kernels::layer_norm::{self, RowStats};
-use burn_cpu_kernels::math::{self, Func, Isa};
+use burn_cpu_kernels::math::{self, Func};
 use burn_cpu_kernels::softmax::{self, RowMask};
 
 /// The best of `reps` runs, in seconds, after one warm-up run.
@@ -68,9 +69,9 @@ fn main() {
                      naive: &mut dyn FnMut(),
                      kernel: &mut (dyn FnMut(Isa) + Send)| {
         let naive = time(reps, naive);
-        let one = single.install(|| time(reps, || kernel(Isa::Detected)));
-        let all = time(reps, || kernel(Isa::Detected));
-        let portable = (!name.contains("Activation")).then(|| time(reps, || kernel(Isa::Portable)));
+        let one = single.install(|| time(reps, || kernel(Isa::detected())));
+        let all = time(reps, || kernel(Isa::detected()));
+        let portable = (!name.contains("Activation")).then(|| time(reps, || kernel(Isa::PORTABLE)));
         rows.push(Row {
             name,
             bytes,
@@ -356,7 +357,7 @@ fn main() {
 
     println!(
         "{threads} threads; AVX-512 path: {}; best of {reps} runs\n",
-        Isa::Detected.uses_avx512()
+        Isa::detected().avx512()
     );
     println!(
         "| kernel | naive ms | naive GB/s | 1 thread ms | GB/s | {threads} threads ms | GB/s | portable {threads}T ms | speed-up |"

@@ -45,7 +45,7 @@ impl Activation {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if crate::features().avx512 {
+        if crate::Isa::detected().avx512() {
             // SAFETY: AVX-512F was detected.
             unsafe { apply_to_avx512(self, values) };
             return;
@@ -65,7 +65,7 @@ impl Activation {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if crate::features().avx512 {
+        if crate::Isa::detected().avx512() {
             // SAFETY: AVX-512F was detected.
             unsafe { backward_avx512(self, kept, grad) };
             return;

@@ -551,7 +551,7 @@ impl<E: Element> Step<'_, '_, E> {
     /// running maximum and sum and rescaling its accumulator when the maximum grows.
     fn softmax(&self, scores: &mut [f32], acc: &mut [f32], maxes: &mut [f32], sums: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if crate::math::Isa::Detected.uses_avx512() {
+        if crate::Isa::detected().avx512() {
             // SAFETY: AVX-512F and FMA were detected (and `BURN_SKETCH_PORTABLE` is not set).
             unsafe { self.softmax_avx512(scores, acc, maxes, sums) };
             return;

@@ -23,7 +23,9 @@
 
 use ::half::bf16;
 
-use super::{MatRef, SendPtr, features, for_each_block};
+use crate::Isa;
+use crate::blocking::{SendPtr, for_each_block};
+use crate::view::MatRef;
 
 /// An output element: the products accumulate in `f32` and round once, when they store.
 pub trait Output: Copy + Send + Sync + 'static + sealed::Sealed {
@@ -89,7 +91,7 @@ pub fn matmul<O: Output>(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if features().avx512_bf16 {
+    if Isa::detected().avx512_bf16() {
         // SAFETY: AVX512-BF16 (with F, BW, VL, DQ) was detected; `dst` holds `m` rows of
         // `stride ≥ n` elements and both views were bounds-checked when made.
         unsafe { avx512::matmul(dst, stride, lhs, rhs, alpha, accumulate, parallel) };
@@ -159,7 +161,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{MatRef, Output, SendPtr, bf16, for_each_block};
-    use crate::tile_shape;
+    use crate::blocking::tile_shape;
 
     /// Packs the `k × width` view `m` as `ceil(k/2)` rows of `width` pairs
     /// `(m[2p][w], m[2p+1][w])` (zero past `k` or past the view's width, up to `padded`).

@@ -14,8 +14,10 @@
 //! and the bias are applied as the tile is stored. [`reference()`] is the same arithmetic one
 //! product at a time: the kernel must match it exactly.
 
-use super::{MatRef, SendPtr, features, for_each_block, tile_shape};
+use crate::Isa;
 use crate::activation::Activation;
+use crate::blocking::{SendPtr, for_each_block, tile_shape};
+use crate::view::MatRef;
 
 /// The deepest product whose integer sums cannot overflow `i32`: `255·127·depth < 2³¹`.
 pub const MAX_DEPTH: usize = 65_536;
@@ -213,7 +215,7 @@ impl QuantizedRows {
 /// CPU has it, the same arithmetic in scalar code elsewhere (both round ties to even).
 fn quantize_slice(x: &[f32], out: &mut [u8]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
-    let (min, max) = if features().avx512 {
+    let (min, max) = if Isa::detected().avx512() {
         // SAFETY: AVX-512 was detected.
         unsafe { avx512::min_max(x) }
     } else {
@@ -225,7 +227,7 @@ fn quantize_slice(x: &[f32], out: &mut [u8]) -> (f32, i32) {
     let inverse = 1.0 / scale;
     let zero = (-min * inverse).round_ties_even().clamp(0.0, 255.0) as i32;
     #[cfg(target_arch = "x86_64")]
-    if features().avx512 {
+    if Isa::detected().avx512() {
         // SAFETY: AVX-512 was detected; `out` is as long as `x`.
         unsafe { avx512::quantize(x, out, inverse, zero) };
         return (scale, zero);
@@ -304,7 +306,7 @@ pub fn matmul_sum(
         assert_eq!(bias.len(), n, "{n} bias values");
     }
     #[cfg(target_arch = "x86_64")]
-    if features().avx512_vnni {
+    if Isa::detected().avx512_vnni() {
         // SAFETY: AVX512-VNNI (with F, BW, VL, DQ) was detected and the shapes checked.
         unsafe { avx512::matmul(dst, stride, products, epilogue, parallel) };
         return;
@@ -722,7 +724,7 @@ mod tests {
         for len in [0, 1, 5, 16, 17, 999, 1000] {
             let want = min_max(&x[..len]);
             #[cfg(target_arch = "x86_64")]
-            if features().avx512 {
+            if Isa::detected().avx512() {
                 // SAFETY: AVX-512 was detected.
                 assert_eq!(unsafe { avx512::min_max(&x[..len]) }, want, "{len} values");
             }

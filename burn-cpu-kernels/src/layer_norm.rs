@@ -14,7 +14,8 @@
 //! The `_on` forms take an [`Isa`] that tests and benchmarks use to force the portable path;
 //! `BURN_SKETCH_PORTABLE=1` forces it for all.
 
-use crate::math::{Isa, PARALLEL_MIN, mul_add};
+use crate::Isa;
+use crate::math::{PARALLEL_MIN, mul_add};
 
 /// Lanes of the per-row accumulators.
 const LANES: usize = 16;
@@ -52,7 +53,7 @@ pub fn layer_norm_rows(
     n: usize,
     stats: Option<RowStats<'_>>,
 ) {
-    layer_norm_rows_on(Isa::Detected, x, gamma, beta, eps, y, n, stats);
+    layer_norm_rows_on(Isa::detected(), x, gamma, beta, eps, y, n, stats);
 }
 
 /// [`layer_norm_rows`] on the path `isa` picks.
@@ -89,7 +90,7 @@ pub fn layer_norm_rows_on(
     if rows == 0 {
         return;
     }
-    let avx512 = isa.uses_avx512();
+    let avx512 = isa.avx512();
     let parallel = x.len() >= PARALLEL_MIN && rows > 1 && rayon::current_num_threads() > 1;
     let per = if parallel { (TASK / n).max(1) } else { rows };
     // The blocks, each with its rows' outputs and statistics.
@@ -250,7 +251,7 @@ pub fn layer_norm_backward_rows(
     n: usize,
 ) {
     layer_norm_backward_rows_on(
-        Isa::Detected,
+        Isa::detected(),
         x,
         dy,
         gamma,
@@ -296,7 +297,7 @@ pub fn layer_norm_backward_rows_on(
     if rows == 0 {
         return;
     }
-    let avx512 = isa.uses_avx512();
+    let avx512 = isa.avx512();
     let (want_gamma, want_beta) = (dgamma.is_some(), dbeta.is_some());
     let per = (BACKWARD_BLOCK / n).max(1);
     let run = |(i, dx): (usize, &mut [f32])| -> [Option<Vec<f32>>; 2] {
@@ -478,7 +479,7 @@ mod tests {
                     let gamma = values(n, 3, 1.0);
                     let beta = values(n, 4, 0.0);
                     for beta in [None, Some(&beta[..])] {
-                        for isa in [Isa::Portable, Isa::Detected] {
+                        for isa in [Isa::PORTABLE, Isa::detected()] {
                             let mut y = vec![0.0; x.len()];
                             let (mut mean, mut rstd) = (vec![0.0; rows], vec![0.0; rows]);
                             let stats = RowStats {
@@ -530,7 +531,7 @@ mod tests {
         x[2 * n + 2] = f32::INFINITY;
         let gamma = vec![2.0; n];
         let beta = vec![0.5; n];
-        for isa in [Isa::Portable, Isa::Detected] {
+        for isa in [Isa::PORTABLE, Isa::detected()] {
             let mut y = vec![0.0; x.len()];
             layer_norm_rows_on(isa, &x, &gamma, Some(&beta), 1e-5, &mut y, n, None);
             assert!(y[..n].iter().all(|&v| v == 0.5), "{isa:?} {:?}", &y[..n]);
@@ -554,7 +555,7 @@ mod tests {
                     rstd: &mut rstd,
                 };
                 layer_norm_rows(&x, &gamma, None, 1e-5, &mut y, n, Some(stats));
-                for isa in [Isa::Portable, Isa::Detected] {
+                for isa in [Isa::PORTABLE, Isa::detected()] {
                     let mut dx = vec![0.0; x.len()];
                     let (mut dgamma, mut dbeta) = (vec![1.0; n], vec![-1.0; n]);
                     layer_norm_backward_rows_on(

@@ -22,34 +22,7 @@
 //! below `2⁻¹²⁶` are denormals (within one denormal step) and `0` below `−103.98`;
 //! `erf(±∞) = ±1`, `tanh(±∞) = ±1`, signed zeros kept; `NaN` gives `NaN` everywhere.
 
-use crate::features;
-
-/// Which code a kernel of this crate's element-wise and row-wise modules ([`mod@crate::math`],
-/// [`crate::softmax`], [`crate::layer_norm`]) runs: for tests and benchmarks that compare the
-/// two. `BURN_SKETCH_PORTABLE=1` makes [`Isa::Detected`] portable as well.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Isa {
-    /// AVX-512 (with FMA) when this CPU has it, else the portable path.
-    #[default]
-    Detected,
-    /// The portable path, whatever the CPU.
-    Portable,
-}
-
-impl Isa {
-    /// Whether this choice runs the AVX-512 path on this CPU.
-    pub fn uses_avx512(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            self == Isa::Detected && features().avx512 && std::arch::is_x86_feature_detected!("fma")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            let _ = features;
-            false
-        }
-    }
-}
+use crate::Isa;
 
 /// Below this many elements a call runs on the calling thread: rayon's hand-off (a few
 /// microseconds) would cost more than the work.
@@ -245,12 +218,12 @@ pub enum Func {
 /// # Panics
 /// If the slices differ in length.
 pub fn exp_to(src: &[f32], dst: &mut [f32]) {
-    map_to_on(Func::Exp, Isa::Detected, src, dst);
+    map_to_on(Func::Exp, Isa::detected(), src, dst);
 }
 
 /// `values[i] = exp(values[i])`, vectorised, in parallel when long.
 pub fn exp_in_place(values: &mut [f32]) {
-    map_in_place_on(Func::Exp, Isa::Detected, values);
+    map_in_place_on(Func::Exp, Isa::detected(), values);
 }
 
 /// `dst[i] = erf(src[i])`, vectorised, in parallel when long.
@@ -258,12 +231,12 @@ pub fn exp_in_place(values: &mut [f32]) {
 /// # Panics
 /// If the slices differ in length.
 pub fn erf_to(src: &[f32], dst: &mut [f32]) {
-    map_to_on(Func::Erf, Isa::Detected, src, dst);
+    map_to_on(Func::Erf, Isa::detected(), src, dst);
 }
 
 /// `values[i] = erf(values[i])`, vectorised, in parallel when long.
 pub fn erf_in_place(values: &mut [f32]) {
-    map_in_place_on(Func::Erf, Isa::Detected, values);
+    map_in_place_on(Func::Erf, Isa::detected(), values);
 }
 
 /// `dst[i] = tanh(src[i])`, vectorised, in parallel when long.
@@ -271,12 +244,12 @@ pub fn erf_in_place(values: &mut [f32]) {
 /// # Panics
 /// If the slices differ in length.
 pub fn tanh_to(src: &[f32], dst: &mut [f32]) {
-    map_to_on(Func::Tanh, Isa::Detected, src, dst);
+    map_to_on(Func::Tanh, Isa::detected(), src, dst);
 }
 
 /// `values[i] = tanh(values[i])`, vectorised, in parallel when long.
 pub fn tanh_in_place(values: &mut [f32]) {
-    map_in_place_on(Func::Tanh, Isa::Detected, values);
+    map_in_place_on(Func::Tanh, Isa::detected(), values);
 }
 
 /// `dst[i] = gelu(src[i])` (the exact GELU), vectorised, in parallel when long: what
@@ -285,12 +258,12 @@ pub fn tanh_in_place(values: &mut [f32]) {
 /// # Panics
 /// If the slices differ in length.
 pub fn gelu_to(src: &[f32], dst: &mut [f32]) {
-    map_to_on(Func::Gelu, Isa::Detected, src, dst);
+    map_to_on(Func::Gelu, Isa::detected(), src, dst);
 }
 
 /// `values[i] = gelu(values[i])`, vectorised, in parallel when long.
 pub fn gelu_in_place(values: &mut [f32]) {
-    map_in_place_on(Func::Gelu, Isa::Detected, values);
+    map_in_place_on(Func::Gelu, Isa::detected(), values);
 }
 
 /// `dst[i] = func(src[i])` on the path `isa` picks: what the named functions ([`exp_to`],
@@ -300,7 +273,7 @@ pub fn gelu_in_place(values: &mut [f32]) {
 /// If the slices differ in length.
 pub fn map_to_on(func: Func, isa: Isa, src: &[f32], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "one output per input");
-    let avx512 = isa.uses_avx512();
+    let avx512 = isa.avx512();
     if src.len() < PARALLEL_MIN {
         map_chunk(func, avx512, Some(src), dst);
     } else {
@@ -313,7 +286,7 @@ pub fn map_to_on(func: Func, isa: Isa, src: &[f32], dst: &mut [f32]) {
 
 /// `values[i] = func(values[i])` on the path `isa` picks.
 pub fn map_in_place_on(func: Func, isa: Isa, values: &mut [f32]) {
-    let avx512 = isa.uses_avx512();
+    let avx512 = isa.avx512();
     if values.len() < PARALLEL_MIN {
         map_chunk(func, avx512, None, values);
     } else {
@@ -429,7 +402,7 @@ mod tests {
 
     fn check(func: Func, exact: impl Fn(f64) -> f64 + Copy, bounds: [(f64, f64); 2]) {
         let xs = sweep();
-        for (isa, (max_rel, max_ulps)) in [Isa::Portable, Isa::Detected].into_iter().zip(bounds) {
+        for (isa, (max_rel, max_ulps)) in [Isa::PORTABLE, Isa::detected()].into_iter().zip(bounds) {
             let mut got = vec![0.0; xs.len()];
             map_to_on(func, isa, &xs, &mut got);
             let mut again = xs.clone();
@@ -502,7 +475,7 @@ mod tests {
     #[test]
     fn gelu_follows_the_exact_gelu() {
         let xs: Vec<f32> = (-40_000..=40_000).map(|i| i as f32 / 4_000.0).collect();
-        for isa in [Isa::Portable, Isa::Detected] {
+        for isa in [Isa::PORTABLE, Isa::detected()] {
             let mut got = vec![0.0; xs.len()];
             map_to_on(Func::Gelu, isa, &xs, &mut got);
             for (&x, &y) in xs.iter().zip(&got) {
@@ -527,31 +500,12 @@ mod tests {
             .collect();
         for func in [Func::Exp, Func::Erf, Func::Tanh, Func::Gelu] {
             let mut long = vec![0.0; xs.len()];
-            map_to_on(func, Isa::Detected, &xs, &mut long);
+            map_to_on(func, Isa::detected(), &xs, &mut long);
             for (chunk, want) in xs.chunks(1000).zip(long.chunks(1000)) {
                 let mut short = vec![0.0; chunk.len()];
-                map_to_on(func, Isa::Detected, chunk, &mut short);
+                map_to_on(func, Isa::detected(), chunk, &mut short);
                 assert_eq!(short, want, "{func:?}");
             }
-        }
-    }
-
-    /// `Portable` never takes the AVX-512 path; `Detected` takes it wherever the CPU has it
-    /// (unless `BURN_SKETCH_PORTABLE` is set), so the comparisons above compare two paths.
-    #[test]
-    fn the_paths_are_the_ones_asked_for() {
-        assert!(!Isa::Portable.uses_avx512());
-        #[cfg(target_arch = "x86_64")]
-        {
-            let has = std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx512dq")
-                && std::arch::is_x86_feature_detected!("fma");
-            assert_eq!(
-                Isa::Detected.uses_avx512(),
-                has && !features().forced_portable
-            );
         }
     }
 

@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use super::features;
+use crate::Isa;
 
 /// A precision whose peak [`measure`] times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -41,11 +41,11 @@ impl Arithmetic {
 /// almost never free of interruptions, and interruptions can only slow a round down, so the
 /// fastest of many short rounds is the closest to the hardware's rate.
 pub fn measure(precision: Arithmetic, threads: usize) -> Option<f64> {
-    let f = features();
+    let f = Isa::detected();
     let available = match precision {
-        Arithmetic::F32 => f.avx512,
-        Arithmetic::Bf16 => f.avx512_bf16,
-        Arithmetic::Int8 => f.avx512_vnni,
+        Arithmetic::F32 => f.avx512(),
+        Arithmetic::Bf16 => f.avx512_bf16(),
+        Arithmetic::Int8 => f.avx512_vnni(),
     };
     if !available {
         return None;

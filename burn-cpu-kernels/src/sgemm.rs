@@ -45,8 +45,10 @@
 //! assert_eq!(y, [1.5, 0.0, 3.5, 0.0]);
 //! ```
 
-use super::{MatRef, SendPtr, features};
+use crate::Isa;
 use crate::activation::Activation;
+use crate::blocking::SendPtr;
+use crate::view::MatRef;
 
 /// The width of a panel of the right operand and of the micro-kernel's tile: two `zmm`
 /// registers of 16 lanes.
@@ -86,7 +88,7 @@ pub struct Epilogue<'a> {
 /// Which implementation [`matmul_with`] runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Path {
-    /// The AVX-512 kernel where [`features`] reports it (not under `BURN_SKETCH_PORTABLE=1`)
+    /// The AVX-512 kernel where [`Isa::detected`] has AVX-512
     /// and `gemm` did not measure faster (see [`matmul`]), `gemm` elsewhere.
     #[default]
     Auto,
@@ -235,7 +237,8 @@ pub fn matmul_with(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if path == Path::Auto && features().avx512 && !gemm_is_faster(lhs, [m, k, n], &epilogue) {
+    if path == Path::Auto && Isa::detected().avx512() && !gemm_is_faster(lhs, [m, k, n], &epilogue)
+    {
         // Few rows: the right operand is read once, in place when its rows are contiguous.
         let direct = m <= SMALL_M && rhs.col_stride == 1;
         if direct {
@@ -293,7 +296,7 @@ pub fn matmul_packed_with(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if path == Path::Auto && features().avx512 {
+    if path == Path::Auto && Isa::detected().avx512() {
         // SAFETY: AVX-512 was detected; shapes and `dst` were checked above.
         unsafe { avx512::matmul(dst, stride, lhs, Rhs::Packed(rhs), epilogue, parallel) };
         return;
@@ -886,7 +889,7 @@ mod tests {
         assert_eq!(packed.shape(), [k, n]);
         // The kernel sums in the same order whatever the split and the packing: its results
         // are compared bit for bit (where `matmul` routes to `gemm`, only the packed ones).
-        let kernel = features().avx512 && !gemm_is_faster(lhs, [m, k, n], &epilogue);
+        let kernel = Isa::detected().avx512() && !gemm_is_faster(lhs, [m, k, n], &epilogue);
         let (mut first, mut first_packed): (Option<Vec<f32>>, Option<Vec<f32>>) = (None, None);
         for path in [Path::Auto, Path::Portable] {
             for parallel in [false, true] {
@@ -903,7 +906,7 @@ mod tests {
                 let mut z = start.clone();
                 matmul_packed_with(path, &mut z, stride, lhs, &packed, epilogue, parallel);
                 check(&z, stride, &want, n, k, &format!("{what} packed {path:?}"));
-                if path == Path::Auto && features().avx512 {
+                if path == Path::Auto && Isa::detected().avx512() {
                     let same = |a: &[f32], b: &[f32]| {
                         a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
                     };

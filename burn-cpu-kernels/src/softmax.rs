@@ -18,7 +18,8 @@
 //! [`Isa`] that tests and benchmarks use to force the portable path;
 //! `BURN_SKETCH_PORTABLE=1` forces it for all.
 
-use crate::math::{Isa, PARALLEL_MIN, exp_f, mul_add};
+use crate::Isa;
+use crate::math::{PARALLEL_MIN, exp_f, mul_add};
 
 /// Lanes of the per-row accumulators: one AVX-512 register of `f32`.
 const LANES: usize = 16;
@@ -92,7 +93,7 @@ enum Backward {
 /// # Panics
 /// If the slices differ in length or are not whole rows of `n`.
 pub fn softmax_rows(src: &[f32], dst: &mut [f32], n: usize) {
-    forward_on(Isa::Detected, Forward::Softmax, Some(src), dst, n, None);
+    forward_on(Isa::detected(), Forward::Softmax, Some(src), dst, n, None);
 }
 
 /// [`softmax_rows`] in place.
@@ -100,7 +101,7 @@ pub fn softmax_rows(src: &[f32], dst: &mut [f32], n: usize) {
 /// # Panics
 /// If `values` is not whole rows of `n`.
 pub fn softmax_rows_in_place(values: &mut [f32], n: usize) {
-    forward_on(Isa::Detected, Forward::Softmax, None, values, n, None);
+    forward_on(Isa::detected(), Forward::Softmax, None, values, n, None);
 }
 
 /// [`softmax_rows`] with masked positions (`true`) at probability 0, as Burn's
@@ -111,7 +112,7 @@ pub fn softmax_rows_in_place(values: &mut [f32], n: usize) {
 /// If the slices differ in length or are not whole rows of `n`, or the mask is not.
 pub fn masked_softmax_rows(src: &[f32], mask: RowMask<'_>, dst: &mut [f32], n: usize) {
     forward_on(
-        Isa::Detected,
+        Isa::detected(),
         Forward::Softmax,
         Some(src),
         dst,
@@ -126,7 +127,14 @@ pub fn masked_softmax_rows(src: &[f32], mask: RowMask<'_>, dst: &mut [f32], n: u
 /// # Panics
 /// If the slices differ in length or are not whole rows of `n`.
 pub fn log_softmax_rows(src: &[f32], dst: &mut [f32], n: usize) {
-    forward_on(Isa::Detected, Forward::LogSoftmax, Some(src), dst, n, None);
+    forward_on(
+        Isa::detected(),
+        Forward::LogSoftmax,
+        Some(src),
+        dst,
+        n,
+        None,
+    );
 }
 
 /// [`log_softmax_rows`] with masked positions at `−∞` (a fully masked row is all `NaN`).
@@ -135,7 +143,7 @@ pub fn log_softmax_rows(src: &[f32], dst: &mut [f32], n: usize) {
 /// If the slices differ in length or are not whole rows of `n`, or the mask is not.
 pub fn masked_log_softmax_rows(src: &[f32], mask: RowMask<'_>, dst: &mut [f32], n: usize) {
     forward_on(
-        Isa::Detected,
+        Isa::detected(),
         Forward::LogSoftmax,
         Some(src),
         dst,
@@ -172,7 +180,7 @@ pub fn forward_rows_on(
 /// # Panics
 /// If the slices differ in length or are not whole rows of `n`.
 pub fn softmax_backward_rows(y: &[f32], dy: &[f32], dx: &mut [f32], n: usize) {
-    backward_rows_on(Isa::Detected, false, y, Some(dy), dx, n);
+    backward_rows_on(Isa::detected(), false, y, Some(dy), dx, n);
 }
 
 /// [`softmax_backward_rows`] in place: `grad` holds `dy` and receives `dx`.
@@ -180,7 +188,7 @@ pub fn softmax_backward_rows(y: &[f32], dy: &[f32], dx: &mut [f32], n: usize) {
 /// # Panics
 /// If the slices differ in length or are not whole rows of `n`.
 pub fn softmax_backward_rows_in_place(y: &[f32], grad: &mut [f32], n: usize) {
-    backward_rows_on(Isa::Detected, false, y, None, grad, n);
+    backward_rows_on(Isa::detected(), false, y, None, grad, n);
 }
 
 /// `dx = dy − exp(y)·Σ dy` per row: the log-softmax's backward from its output `y`. At
@@ -190,7 +198,7 @@ pub fn softmax_backward_rows_in_place(y: &[f32], grad: &mut [f32], n: usize) {
 /// # Panics
 /// If the slices differ in length or are not whole rows of `n`.
 pub fn log_softmax_backward_rows(y: &[f32], dy: &[f32], dx: &mut [f32], n: usize) {
-    backward_rows_on(Isa::Detected, true, y, Some(dy), dx, n);
+    backward_rows_on(Isa::detected(), true, y, Some(dy), dx, n);
 }
 
 /// The backward operations on the path `isa` picks: the softmax's, or the log-softmax's
@@ -216,7 +224,7 @@ pub fn backward_rows_on(
     } else {
         Backward::Softmax
     };
-    let avx512 = isa.uses_avx512();
+    let avx512 = isa.avx512();
     for_row_blocks(dx, n, |first, block| {
         let rows = first * n..first * n + block.len();
         let dy = dy.map(|dy| &dy[rows.clone()]);
@@ -257,7 +265,7 @@ fn forward_on(
     if let Some(mask) = mask {
         mask.check(n);
     }
-    let avx512 = isa.uses_avx512();
+    let avx512 = isa.avx512();
     for_row_blocks(dst, n, |first, block| {
         let src = src.map(|src| &src[first * n..first * n + block.len()]);
         #[cfg(target_arch = "x86_64")]
@@ -609,7 +617,7 @@ mod tests {
                     (Some(cycled), "cycled"),
                 ] {
                     for log in [false, true] {
-                        for isa in [Isa::Portable, Isa::Detected] {
+                        for isa in [Isa::PORTABLE, Isa::detected()] {
                             let mut y = vec![0.0; x.len()];
                             forward_rows_on(isa, log, Some(&x), &mut y, n, mask);
                             let mut again = x.clone();
@@ -681,7 +689,7 @@ mod tests {
     /// `NaN` or `+∞` in a row makes that row `NaN`; `−∞` is a zero probability.
     #[test]
     fn nan_and_infinities_follow_the_composition() {
-        for isa in [Isa::Portable, Isa::Detected] {
+        for isa in [Isa::PORTABLE, Isa::detected()] {
             let n = 20;
             let mut x = scores(4 * n, 3);
             x[3] = f32::NAN;
@@ -712,8 +720,8 @@ mod tests {
                 let dy = scores(rows * n, 11 + n as u64);
                 for log in [false, true] {
                     let mut y = vec![0.0; x.len()];
-                    forward_rows_on(Isa::Detected, log, Some(&x), &mut y, n, None);
-                    for isa in [Isa::Portable, Isa::Detected] {
+                    forward_rows_on(Isa::detected(), log, Some(&x), &mut y, n, None);
+                    for isa in [Isa::PORTABLE, Isa::detected()] {
                         let mut dx = vec![0.0; x.len()];
                         backward_rows_on(isa, log, &y, Some(&dy), &mut dx, n);
                         let mut again = dy.clone();

@@ -11,7 +11,7 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use burn_cpu_kernels::features;
+use burn_cpu_kernels::Isa;
 
 /// Values per thread's piece of a conversion: below two pieces, one thread converts it all.
 const PIECE: usize = 1 << 16;
@@ -53,7 +53,7 @@ impl Half for f16 {
 pub fn bf16_to_f32(src: &[bf16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "one f32 per bf16");
     #[cfg(target_arch = "x86_64")]
-    if features().avx512 {
+    if Isa::detected().avx512() {
         // SAFETY: AVX-512F was detected.
         unsafe { bf16_to_f32_avx512(src, dst) };
         return;
@@ -69,7 +69,7 @@ pub fn bf16_to_f32(src: &[bf16], dst: &mut [f32]) {
 pub fn f32_to_bf16(src: &[f32], dst: &mut [bf16]) {
     assert_eq!(src.len(), dst.len(), "one bf16 per f32");
     #[cfg(target_arch = "x86_64")]
-    if features().avx512 {
+    if Isa::detected().avx512() {
         // SAFETY: AVX-512F was detected.
         unsafe { f32_to_bf16_avx512(src, dst) };
         return;

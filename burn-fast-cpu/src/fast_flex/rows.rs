@@ -7,7 +7,7 @@ use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType};
 use half::{bf16, f16};
 
-use burn_cpu_kernels::math::Isa;
+use burn_cpu_kernels::Isa;
 use burn_cpu_kernels::{layer_norm, softmax};
 use rayon::prelude::*;
 
@@ -100,7 +100,7 @@ pub(super) fn log_softmax(tensor: FlexTensor, dim: usize) -> Result<FlexTensor, 
         return Err(tensor);
     }
     by_rows(tensor, |rows, n| {
-        softmax::forward_rows_on(Isa::Detected, true, None, rows, n, None);
+        softmax::forward_rows_on(Isa::detected(), true, None, rows, n, None);
     })
 }
 

@@ -11,7 +11,7 @@ use burn::nn::LinearConfig;
 use burn::tensor::{Distribution, Tensor, bf16};
 use burn_compress::Int8Linear;
 use burn_cpu_kernels::peak::{self, Arithmetic};
-use burn_cpu_kernels::{MatRef, features};
+use burn_cpu_kernels::{MatRef, isa};
 use burn_sketch::SkLinearConfig;
 use serde::{Deserialize, Serialize};
 
@@ -45,7 +45,7 @@ impl Peaks {
             f32: peak::measure(Arithmetic::F32, threads),
             bf16: peak::measure(Arithmetic::Bf16, threads),
             int8: peak::measure(Arithmetic::Int8, threads),
-            amx: features().amx,
+            amx: isa::cpu_has_amx(),
         }
     }
 
