@@ -46,10 +46,9 @@
 
 use std::cell::RefCell;
 
-use ::half::bf16;
 use rayon::prelude::*;
 
-use crate::bf16::Output;
+use crate::convert::StoredFloat;
 use crate::math::{exp_non_positive_f, tanh_f};
 use crate::{MatRef, gemm};
 
@@ -238,29 +237,6 @@ impl<T: Copy> Line<'_, T> {
     }
 }
 
-/// An element type of queries, keys, values, bias and output: `f32`, or `bf16` computed in
-/// `f32` (each block widened as it is read; the output rounded once, as it is stored, by
-/// [`Output`], the `bf16` product's element).
-pub trait Element: Output {
-    /// The view as `f32`: itself for `f32`, a row-major copy in `buffer` otherwise.
-    fn widen<'a>(view: MatRef<'a, Self>, buffer: &'a mut Vec<f32>) -> MatRef<'a, f32>;
-}
-
-impl Element for f32 {
-    fn widen<'a>(view: MatRef<'a, Self>, _: &'a mut Vec<f32>) -> MatRef<'a, f32> {
-        view
-    }
-}
-
-impl Element for bf16 {
-    fn widen<'a>(view: MatRef<'a, Self>, buffer: &'a mut Vec<f32>) -> MatRef<'a, f32> {
-        let [rows, cols] = view.shape();
-        buffer.clear();
-        buffer.extend((0..rows).flat_map(|i| (0..cols).map(move |j| view.at(i, j).to_f32())));
-        MatRef::row_major(buffer, rows, cols)
-    }
-}
-
 /// What burn-backend 0.21's `AttentionModuleOptions` says (its `f64`s as `f32`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Options {
@@ -311,7 +287,7 @@ impl Blocks {
 /// if `out` does not hold `b·h·sq·dv` elements; if `mask` or `bias` does not broadcast to
 /// `[b, h, sq, sk]`; if the softcap is not positive.
 #[allow(clippy::too_many_arguments)]
-pub fn forward<E: Element>(
+pub fn forward<E: StoredFloat>(
     out: &mut [E],
     q: View4<'_, E>,
     k: View4<'_, E>,
@@ -351,7 +327,7 @@ struct Problem<'a, E> {
     dv: usize,
 }
 
-impl<'a, E: Element> Problem<'a, E> {
+impl<'a, E: StoredFloat> Problem<'a, E> {
     fn new(
         q: View4<'a, E>,
         k: View4<'a, E>,
@@ -546,7 +522,7 @@ struct Step<'p, 'a, E> {
     first: bool,
 }
 
-impl<E: Element> Step<'_, '_, E> {
+impl<E: StoredFloat> Step<'_, '_, E> {
     /// Turns the block's raw scores into `exp(score − running max)`, updating each query's
     /// running maximum and sum and rescaling its accumulator when the maximum grows.
     fn softmax(&self, scores: &mut [f32], acc: &mut [f32], maxes: &mut [f32], sums: &mut [f32]) {
@@ -695,7 +671,7 @@ fn exp_shifted<const FMA: bool>(values: &mut [f32], max: f32) -> f32 {
 ///
 /// # Panics
 /// As [`forward`].
-pub fn reference<E: Element>(
+pub fn reference<E: StoredFloat>(
     q: View4<'_, E>,
     k: View4<'_, E>,
     v: View4<'_, E>,
@@ -749,6 +725,7 @@ pub fn reference<E: Element>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ::half::bf16;
 
     /// A SplitMix64 stream of values in `[-1, 1)`.
     fn values(seed: u64, count: usize) -> Vec<f32> {

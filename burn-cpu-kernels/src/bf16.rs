@@ -25,43 +25,8 @@ use ::half::bf16;
 
 use crate::Isa;
 use crate::blocking::{SendPtr, for_each_block};
+use crate::convert::StoredFloat;
 use crate::view::MatRef;
-
-/// An output element: the products accumulate in `f32` and round once, when they store.
-pub trait Output: Copy + Send + Sync + 'static + sealed::Sealed {
-    /// `bf16` outputs round to nearest even as they store; `f32` ones store as they are.
-    const BF16: bool;
-    /// The value as `f32`.
-    fn to_f32(self) -> f32;
-    /// `value`, rounded to this type.
-    fn from_f32(value: f32) -> Self;
-}
-
-impl Output for f32 {
-    const BF16: bool = false;
-    fn to_f32(self) -> f32 {
-        self
-    }
-    fn from_f32(value: f32) -> Self {
-        value
-    }
-}
-
-impl Output for bf16 {
-    const BF16: bool = true;
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    fn from_f32(value: f32) -> Self {
-        bf16::from_f32(value)
-    }
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for super::bf16 {}
-}
 
 /// `dst = alpha·lhs·rhs`, or `dst += alpha·lhs·rhs` with `accumulate`, into the first
 /// `rhs.cols` columns of a row-major `dst` whose rows are `stride` long; products accumulate
@@ -71,7 +36,7 @@ mod sealed {
 /// # Panics
 /// If the inner dimensions differ or `dst` is not `lhs.rows × stride` with
 /// `stride ≥ rhs.cols`.
-pub fn matmul<O: Output>(
+pub fn matmul<O: StoredFloat>(
     dst: &mut [O],
     stride: usize,
     lhs: MatRef<'_, bf16>,
@@ -101,7 +66,7 @@ pub fn matmul<O: Output>(
 }
 
 /// The product on `f32` copies of both operands, multiplied by `gemm`.
-fn portable<O: Output>(
+fn portable<O: StoredFloat>(
     dst: &mut [O],
     stride: usize,
     lhs: MatRef<'_, bf16>,
@@ -160,7 +125,7 @@ pub fn reference(lhs: MatRef<'_, bf16>, rhs: MatRef<'_, bf16>, alpha: f32) -> Ve
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{MatRef, Output, SendPtr, bf16, for_each_block};
+    use super::{MatRef, SendPtr, StoredFloat, bf16, for_each_block};
     use crate::blocking::tile_shape;
 
     /// Packs the `k × width` view `m` as `ceil(k/2)` rows of `width` pairs
@@ -225,7 +190,7 @@ mod avx512 {
 
     /// See [`super::matmul`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")]
-    pub(super) fn matmul<O: Output>(
+    pub(super) fn matmul<O: StoredFloat>(
         dst: &mut [O],
         stride: usize,
         lhs: MatRef<'_, bf16>,
@@ -256,7 +221,7 @@ mod avx512 {
     /// The block in tiles of `MR` rows by `16·NV` columns: one panel of the right operand
     /// packed at a time, every row tile multiplied with it.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")]
-    unsafe fn block_with<O: Output, const MR: usize, const NV: usize>(
+    unsafe fn block_with<O: StoredFloat, const MR: usize, const NV: usize>(
         dst: *mut O,
         stride: usize,
         lhs: MatRef<'_, bf16>,
@@ -322,7 +287,7 @@ mod avx512 {
     /// `MR × 16·NV` outputs over the whole depth, in registers, then stored once.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<O: Output, const MR: usize, const NV: usize>(
+    unsafe fn tile<O: StoredFloat, const MR: usize, const NV: usize>(
         pairs: usize,
         a: *const u32,
         row_step: usize,
@@ -380,7 +345,7 @@ mod avx512 {
     /// `accumulate`), rounding to `bf16` for `bf16` outputs.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")]
     #[inline]
-    unsafe fn store<O: Output>(out: *mut O, mask: __mmask16, value: __m512, accumulate: bool) {
+    unsafe fn store<O: StoredFloat>(out: *mut O, mask: __mmask16, value: __m512, accumulate: bool) {
         // SAFETY: the caller guarantees the masked lanes lie in `dst`.
         unsafe {
             if O::BF16 {
@@ -428,7 +393,7 @@ mod tests {
     }
 
     /// The largest error relative to the reference's largest magnitude.
-    fn check<O: Output>(got: &[O], stride: usize, want: &[f64], n: usize, tolerance: f64) {
+    fn check<O: StoredFloat>(got: &[O], stride: usize, want: &[f64], n: usize, tolerance: f64) {
         let scale = want.iter().fold(1e-30f64, |m, v| m.max(v.abs()));
         for (i, row) in want.chunks(n).enumerate() {
             for (j, &w) in row.iter().enumerate() {

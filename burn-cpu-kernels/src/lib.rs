@@ -31,6 +31,8 @@
 //!   over rows;
 //! - [`layer_norm`]: layer normalisation over rows and its backward;
 //! - [`peak`]: this CPU's measured peak per kind of product, for benchmarks;
+//! - [`convert`]: [`StoredFloat`] (`f32` or `bf16` stored, `f32` computed) and the
+//!   `f32` ↔ half conversions over slices;
 //! - [`isa`]: the [`Isa`] every kernel's `_on` form takes, and this CPU's ([`Isa::detected`]);
 //! - [`view`]: [`MatRef`], strided matrix views, and [`gemm()`], one `gemm` call on them;
 //! - [`testing`]: the seeded inputs and `f64` comparisons the tests and benchmarks share.
@@ -42,6 +44,7 @@ pub mod activation;
 pub mod attention;
 pub mod bf16;
 mod blocking;
+pub mod convert;
 pub mod int8;
 pub mod isa;
 pub mod layer_norm;
@@ -55,5 +58,6 @@ pub mod view;
 mod x86_64;
 
 pub use activation::Activation;
+pub use convert::StoredFloat;
 pub use isa::Isa;
 pub use view::{GemmElement, MatRef, gemm};

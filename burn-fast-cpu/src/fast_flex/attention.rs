@@ -9,7 +9,8 @@ use burn::tensor::{Bytes, DType, Shape};
 use burn_backend::ops::AttentionModuleOptions;
 use half::bf16;
 
-use burn_cpu_kernels::attention::{self, Element, Options, View4};
+use burn_cpu_kernels::StoredFloat;
+use burn_cpu_kernels::attention::{self, Options, View4};
 
 /// The fused forward, or `None` where it does not apply (ranks other than 4, mixed or `f64`
 /// types, a bool mask stored as `u32`): then Flex's own attention runs.
@@ -71,7 +72,7 @@ pub(super) fn forward(
     }
 }
 
-fn run<E: Element + burn::tensor::Element + bytemuck::Pod>(
+fn run<E: StoredFloat + burn::tensor::Element + bytemuck::Pod>(
     out: &mut [E],
     query: &FlexTensor,
     key: &FlexTensor,

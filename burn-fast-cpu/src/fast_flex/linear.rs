@@ -11,7 +11,7 @@ use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, Shape};
 use half::{bf16, f16};
 
-use burn_cpu_kernels::bf16::Output;
+use burn_cpu_kernels::StoredFloat;
 use burn_cpu_kernels::{MatRef, sgemm};
 
 use super::convert;
@@ -288,7 +288,7 @@ fn rows(tensor: &FlexTensor, m: usize, cols: usize) -> Operand {
 }
 
 /// The product's starting value: the bias in every row, or zeros.
-fn start_value<O: Output>(bias: Option<&FlexTensor>, m: usize, n: usize) -> Vec<O> {
+fn start_value<O: StoredFloat>(bias: Option<&FlexTensor>, m: usize, n: usize) -> Vec<O> {
     let Some(bias) = bias else {
         return vec![O::from_f32(0.0); m * n];
     };
@@ -330,7 +330,7 @@ fn product_f32(dst: &mut [f32], stride: usize, lhs: &Operand, rhs: &Operand, bia
 const SMALL_M: usize = 64;
 
 /// `dst (+)= lhs · rhs` of `bf16` operands, accumulated in `f32` and rounded once to `O`.
-fn product_bf16<O: Output>(
+fn product_bf16<O: StoredFloat>(
     dst: &mut [O],
     stride: usize,
     lhs: &Operand,
