@@ -1,7 +1,8 @@
 //! The activation a product applies as it stores its output.
 
-// `erf` and `exp`: branch-free polynomials (within an ulp) that the loops here vectorise.
-use crate::math::{erf, exp};
+// Branch-free polynomials (within an ulp) that the loops here vectorise.
+use crate::Isa;
+use crate::math::{erf_f, exp_f, gelu_f};
 
 /// The element-wise function a product applies to its output, `y = f(x·W + bias)`, as it
 /// stores each value: an activation after a layer is one more pass over its largest tensor,
@@ -35,22 +36,30 @@ impl Activation {
         }
     }
 
-    /// [`apply_f32`](Self::apply_f32) on every value, in place: one loop the compiler turns
-    /// into AVX-512 (or AVX2, or SSE) instructions, since nothing in it is a call.
+    /// [`apply_f32`](Self::apply_f32) on every value, in place, on this CPU's path:
+    /// [`apply_to_on`](Self::apply_to_on) with [`Isa::detected`].
+    pub fn apply_to(self, values: &mut [f32]) {
+        self.apply_to_on(Isa::detected(), values);
+    }
+
+    /// [`apply_to`](Self::apply_to) on the path `isa` picks: one loop the compiler vectorises,
+    /// since nothing in it is a call, bit for bit [`math::gelu_to`](crate::math::gelu_to)'s
+    /// GELU on the same `isa` (both fuse their multiply-adds where [`Isa::avx512`] holds).
     ///
     /// Why not `libm`'s `erff` (burn-flex's own `gelu`): it is a scalar call per value, which
     /// on a `256 × 4096` output costs several times the sketched product itself.
-    pub fn apply_to(self, values: &mut [f32]) {
+    pub fn apply_to_on(self, isa: Isa, values: &mut [f32]) {
         if self == Activation::Identity {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if crate::Isa::detected().avx512() {
-            // SAFETY: AVX-512F was detected.
+        if isa.avx512() {
+            // SAFETY: `isa.avx512()` holds only where AVX-512 and FMA were detected.
             unsafe { apply_to_avx512(self, values) };
             return;
         }
-        apply_each(self, values);
+        let _ = isa;
+        apply_each::<false>(self, values);
     }
 
     /// The backward of [`apply_to`](Self::apply_to), in place: `grad ← f'(z)·grad`, from
@@ -60,17 +69,26 @@ impl Activation {
     /// # Panics
     /// If the two slices differ in length.
     pub fn backward_to(self, kept: &[f32], grad: &mut [f32]) {
+        self.backward_to_on(Isa::detected(), kept, grad);
+    }
+
+    /// [`backward_to`](Self::backward_to) on the path `isa` picks.
+    ///
+    /// # Panics
+    /// If the two slices differ in length.
+    pub fn backward_to_on(self, isa: Isa, kept: &[f32], grad: &mut [f32]) {
         assert_eq!(kept.len(), grad.len(), "one kept value per gradient");
         if self == Activation::Identity {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if crate::Isa::detected().avx512() {
-            // SAFETY: AVX-512F was detected.
+        if isa.avx512() {
+            // SAFETY: `isa.avx512()` holds only where AVX-512 and FMA were detected.
             unsafe { backward_avx512(self, kept, grad) };
             return;
         }
-        backward_each(self, kept, grad);
+        let _ = isa;
+        backward_each::<false>(self, kept, grad);
     }
 
     /// [`apply_f32`](Self::apply_f32) in `f64`.
@@ -87,15 +105,15 @@ impl Activation {
 
 /// [`Activation::apply_to`] compiled for AVX-512: sixteen values per instruction.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
 fn apply_to_avx512(activation: Activation, values: &mut [f32]) {
-    apply_each(activation, values);
+    apply_each::<true>(activation, values);
 }
 
 /// One loop per activation, chosen before it: a `match` inside the loop would keep it
 /// from being vectorised.
 #[inline(always)]
-fn apply_each(activation: Activation, values: &mut [f32]) {
+fn apply_each<const FMA: bool>(activation: Activation, values: &mut [f32]) {
     match activation {
         Activation::Identity => {}
         Activation::Relu => values.iter_mut().for_each(|v| *v = v.max(0.0)),
@@ -103,7 +121,7 @@ fn apply_each(activation: Activation, values: &mut [f32]) {
         // the compiler may leave out of line, compiled without AVX-512.
         Activation::Gelu => {
             for v in values.iter_mut() {
-                *v = gelu(*v);
+                *v = gelu_f::<FMA>(*v);
             }
         }
     }
@@ -111,14 +129,14 @@ fn apply_each(activation: Activation, values: &mut [f32]) {
 
 /// [`Activation::backward_to`] compiled for AVX-512.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
 fn backward_avx512(activation: Activation, kept: &[f32], grad: &mut [f32]) {
-    backward_each(activation, kept, grad);
+    backward_each::<true>(activation, kept, grad);
 }
 
 /// One loop per activation, as [`apply_each`].
 #[inline(always)]
-fn backward_each(activation: Activation, kept: &[f32], grad: &mut [f32]) {
+fn backward_each<const FMA: bool>(activation: Activation, kept: &[f32], grad: &mut [f32]) {
     let pairs = grad.iter_mut().zip(kept);
     match activation {
         Activation::Identity => {}
@@ -126,25 +144,25 @@ fn backward_each(activation: Activation, kept: &[f32], grad: &mut [f32]) {
         // A `for` loop, as in `apply_each`.
         Activation::Gelu => {
             for (g, &z) in pairs {
-                *g *= gelu_derivative(z);
+                *g *= gelu_derivative::<FMA>(z);
             }
         }
     }
 }
 
-/// `Φ(z) + z·φ(z)`: GELU's derivative, with [`erf`] and the same `exp`.
+/// `Φ(z) + z·φ(z)`: GELU's derivative, with `math`'s `erf` and `exp`.
 #[inline(always)]
-fn gelu_derivative(z: f32) -> f32 {
+fn gelu_derivative<const FMA: bool>(z: f32) -> f32 {
     /// `1/√(2π)`.
     const INV_SQRT_2PI: f32 = 0.398_942_3;
-    let cdf = 0.5 * (1.0 + erf(z * core::f32::consts::FRAC_1_SQRT_2));
-    cdf + z * INV_SQRT_2PI * exp(-0.5 * z * z)
+    let cdf = 0.5 * (1.0 + erf_f::<FMA>(z * core::f32::consts::FRAC_1_SQRT_2));
+    cdf + z * INV_SQRT_2PI * exp_f::<FMA>(-0.5 * z * z)
 }
 
-/// The exact GELU, [`math`](crate::math)'s on its portable (no-FMA) form: vectorisable.
+/// The exact GELU of one value, [`math`](crate::math)'s portable (no-FMA) form.
 #[inline(always)]
 fn gelu(value: f32) -> f32 {
-    crate::math::gelu_f::<false>(value)
+    gelu_f::<false>(value)
 }
 
 #[cfg(test)]
@@ -170,6 +188,20 @@ mod tests {
         assert_eq!(values, [0.0, 0.5, 3.0]);
     }
 
+    /// `apply_to_on` and `math::map_to_on`'s GELU: the same bits on each path.
+    #[test]
+    fn the_activation_is_math_s_gelu_bit_for_bit() {
+        let x = crate::testing::uniform(40_000, 3, [-12.0, 12.0]);
+        for isa in [Isa::PORTABLE, Isa::detected()] {
+            let mut activated = x.clone();
+            Activation::Gelu.apply_to_on(isa, &mut activated);
+            let mut mapped = vec![0.0; x.len()];
+            crate::math::map_to_on(crate::math::Func::Gelu, isa, &x, &mut mapped);
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&activated), bits(&mapped), "{isa:?}");
+        }
+    }
+
     /// The derivatives against central differences of the `f64` functions.
     #[test]
     fn the_backward_is_the_derivative() {
@@ -179,18 +211,21 @@ mod tests {
                 Activation::Relu => z.iter().map(|&v| activation.apply_f32(v)).collect(),
                 _ => z.clone(),
             };
-            let mut grad = vec![2.0f32; z.len()];
-            activation.backward_to(&kept, &mut grad);
-            for (&v, &g) in z.iter().zip(&grad) {
-                if v == 0.0 {
-                    continue; // ReLU's kink
+            for isa in [Isa::PORTABLE, Isa::detected()] {
+                let mut grad = vec![2.0f32; z.len()];
+                activation.backward_to_on(isa, &kept, &mut grad);
+                for (&v, &g) in z.iter().zip(&grad) {
+                    if v == 0.0 {
+                        continue; // ReLU's kink
+                    }
+                    let (v, h) = (v as f64, 1e-6);
+                    let slope =
+                        (activation.apply_f64(v + h) - activation.apply_f64(v - h)) / (2.0 * h);
+                    assert!(
+                        (g as f64 - 2.0 * slope).abs() < 1e-5,
+                        "{activation:?} {isa:?} at {v}: {g}"
+                    );
                 }
-                let (v, h) = (v as f64, 1e-6);
-                let slope = (activation.apply_f64(v + h) - activation.apply_f64(v - h)) / (2.0 * h);
-                assert!(
-                    (g as f64 - 2.0 * slope).abs() < 1e-5,
-                    "{activation:?} at {v}: {g}"
-                );
             }
         }
     }
