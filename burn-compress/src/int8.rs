@@ -25,7 +25,8 @@ use burn::tensor::quantization::{
 use burn::tensor::{DType, Tensor, TensorData};
 
 use burn_cpu_kernels::MatRef;
-use burn_cpu_kernels::int8::{Epilogue, QuantizedMatrix, QuantizedRows, matmul, matmul_sum};
+use burn_cpu_kernels::Isa;
+use burn_cpu_kernels::int8::{Epilogue, QuantizedMatrix, QuantizedRows, matmul_on, matmul_sum_on};
 use burn_sketch::{Activation, SkLinear};
 
 /// A dense or sketched linear layer with `int8` weights and per-row `u8` activations,
@@ -218,6 +219,28 @@ impl<B: Backend> Int8Linear<B> {
         input: Tensor<B, D>,
         activation: Activation,
     ) -> Tensor<B, D> {
+        self.forward_activated_on(Isa::detected(), input, activation)
+    }
+
+    /// [`forward`](Self::forward) on the kernels' path `isa` picks: [`Isa::PORTABLE`] runs
+    /// the portable `int8` product on any CPU, for comparing the paths in one process.
+    ///
+    /// # Shapes
+    /// As [`forward`](Self::forward).
+    pub fn forward_on<const D: usize>(&self, isa: Isa, input: Tensor<B, D>) -> Tensor<B, D> {
+        self.forward_activated_on(isa, input, Activation::Identity)
+    }
+
+    /// [`forward_activated`](Self::forward_activated) on the kernels' path `isa` picks.
+    ///
+    /// # Shapes
+    /// As [`forward`](Self::forward).
+    pub fn forward_activated_on<const D: usize>(
+        &self,
+        isa: Isa,
+        input: Tensor<B, D>,
+        activation: Activation,
+    ) -> Tensor<B, D> {
         let dims = input.dims();
         let (d_in, d_out) = (self.d_input(), self.d_output());
         let rows = dims[..D - 1].iter().product::<usize>();
@@ -226,8 +249,8 @@ impl<B: Backend> Int8Linear<B> {
         let x = input.reshape([rows, d_in]);
         let y = match flex_input(&x) {
             // Flex's own buffer, read in place (a shared input is not copied).
-            Some(values) => self.forward_host(&values, rows, activation),
-            None => self.forward_host(&host_f32(x), rows, activation),
+            Some(values) => self.forward_host(isa, &values, rows, activation),
+            None => self.forward_host(isa, &host_f32(x), rows, activation),
         };
         let mut out = dims;
         out[D - 1] = d_out;
@@ -241,12 +264,12 @@ impl<B: Backend> Int8Linear<B> {
     }
 
     /// `y` for the row-major `rows × d_input` input `x`.
-    fn forward_host(&self, x: &[f32], rows: usize, activation: Activation) -> Vec<f32> {
+    fn forward_host(&self, isa: Isa, x: &[f32], rows: usize, activation: Activation) -> Vec<f32> {
         let matrices = self.matrices();
         let (d_in, d_out) = (self.d_input(), self.d_output());
         let bias = self.bias.as_ref().map(|b| host_f32(b.val()));
         let bias = bias.as_deref();
-        let x = QuantizedRows::quantize(MatRef::row_major(x, rows, d_in), true);
+        let x = QuantizedRows::quantize_on(isa, MatRef::row_major(x, rows, d_in), true);
         let mut y = vec![0.0f32; rows * d_out];
         match self.sketch() {
             None => {
@@ -256,7 +279,7 @@ impl<B: Backend> Int8Linear<B> {
                     accumulate: false,
                     activation,
                 };
-                matmul(&mut y, d_out, &x, &matrices[0], e, true);
+                matmul_on(isa, &mut y, d_out, &x, &matrices[0], e, true);
             }
             Some((terms, k)) => {
                 let half = terms * k;
@@ -268,11 +291,11 @@ impl<B: Backend> Int8Linear<B> {
                     accumulate: false,
                     activation: Activation::Identity,
                 };
-                matmul(&mut p, 2 * half, &x, &matrices[0], e, true);
+                matmul_on(isa, &mut p, 2 * half, &x, &matrices[0], e, true);
                 let p = MatRef::row_major(&p, rows, 2 * half);
                 let (p1, p2) = (
-                    QuantizedRows::quantize(p.cols(0, half), true),
-                    QuantizedRows::quantize(p.cols(half, half), true),
+                    QuantizedRows::quantize_on(isa, p.cols(0, half), true),
+                    QuantizedRows::quantize_on(isa, p.cols(half, half), true),
                 );
                 let e = Epilogue {
                     alpha: 1.0,
@@ -281,7 +304,7 @@ impl<B: Backend> Int8Linear<B> {
                     activation,
                 };
                 let halves = [(&p1, &matrices[1]), (&p2, &matrices[2])];
-                matmul_sum(&mut y, d_out, &halves, e, true);
+                matmul_sum_on(isa, &mut y, d_out, &halves, e, true);
             }
         }
         y

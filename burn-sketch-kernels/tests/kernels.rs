@@ -26,19 +26,9 @@ fn client() -> cubecl::prelude::ComputeClient<Runtime> {
         .client
 }
 
-/// Reproducible values in [-1, 1) (a 64-bit LCG; no RNG crate needed for test data).
+/// `len` values in `[-1, 1)`, the kernels crate's seeded draws.
 fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    burn_cpu_kernels::testing::uniform(len, seed, [-1.0, 1.0])
 }
 
 fn upload(data: &[f32], shape: &[usize], dtype: DType) -> CubeTensor<Runtime> {

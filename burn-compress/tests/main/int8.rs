@@ -11,6 +11,7 @@ use burn::tensor::{Distribution, Tensor, TensorData};
 use burn_compress::{
     AnyLinearConfig, CompressError, Converter, Int8Linear, LinearKind, Selection, stored_bytes,
 };
+use burn_cpu_kernels::Isa;
 use burn_memory::draw_params;
 use burn_sketch::{Activation, ActivationExt, SkLinear, SkLinearConfig};
 
@@ -269,27 +270,40 @@ fn int8_fused_activations_match_burns_own() {
     }
 }
 
-/// With `BURN_SKETCH_PORTABLE=1`, in a process of its own (the choice is made once per
-/// process): the `int8` layer on the portable product stays within its tolerance.
+/// The `int8` layer on the portable product ([`Isa::PORTABLE`], in this process) stays within
+/// its tolerance of its `f32` layer, as on the detected path, dense and sketched, plain and
+/// with a fused activation; the two paths agree with each other within the same tolerance.
 #[test]
 fn the_portable_int8_layer_follows_its_f32_layer() {
-    crate::own_process::in_own_process(
-        "int8::the_portable_int8_layer_follows_its_f32_layer",
-        || {
-            // SAFETY: this child process runs this test alone, before any thread reads the
-            // environment.
-            unsafe { std::env::set_var("BURN_SKETCH_PORTABLE", "1") };
-            assert!(burn_cpu_kernels::features().forced_portable);
-            let (m, k, n) = (19, 37, 23);
-            let xs: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
-            let device = Default::default();
-            let dense = LinearConfig::new(k, n).init::<B>(&device);
-            let x = Tensor::<B, 2>::from_data(TensorData::new(xs, [m, k]), &device);
-            let gap = relative_gap(
-                Int8Linear::from_linear(&dense).forward(x.clone()),
-                dense.forward(x),
-            );
-            assert!(gap < 0.02, "{gap}");
-        },
-    );
+    let _serial = common::serial();
+    let (m, k, n) = (19, 37, 23);
+    let xs: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
+    let device = Default::default();
+    B::seed(&device, 23);
+    let dense = LinearConfig::new(k, n).init::<B>(&device);
+    let sketched = SkLinearConfig::new(k, n, 2, 3).init::<B>(&device);
+    let x = Tensor::<B, 2>::from_data(TensorData::new(xs, [m, k]), &device);
+    let cases = [
+        ("dense", 0.02, Int8Linear::from_linear(&dense), dense.forward(x.clone())),
+        (
+            "sketched",
+            0.03,
+            Int8Linear::from_sketched(&sketched),
+            sketched.forward(x.clone()),
+        ),
+    ];
+    for (what, tolerance, layer, want) in cases {
+        for isa in [Isa::PORTABLE, Isa::detected()] {
+            let gap = relative_gap(layer.forward_on(isa, x.clone()), want.clone());
+            assert!(gap < tolerance, "{what} {isa:?}: {gap}");
+            let fused = layer.forward_activated_on(isa, x.clone(), Activation::Gelu);
+            let gap = relative_gap(fused, Activation::Gelu.apply(layer.forward_on(isa, x.clone())));
+            assert!(gap <= 1e-6, "{what} {isa:?} GELU: {gap}");
+        }
+        let gap = relative_gap(
+            layer.forward_on(Isa::PORTABLE, x.clone()),
+            layer.forward_on(Isa::detected(), x.clone()),
+        );
+        assert!(gap < tolerance, "{what}: portable against detected: {gap}");
+    }
 }

@@ -5,8 +5,6 @@
 mod close;
 mod distil;
 mod int8;
-#[path = "../../../testing/own_process.rs"]
-mod own_process;
 mod performer;
 mod prune;
 mod rank_search;

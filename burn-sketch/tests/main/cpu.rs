@@ -1,10 +1,10 @@
 //! Reduced precision on the CPU: Flex's sketched product with its fused activations and in
-//! `bf16`, and the kernels' portable paths forced on.
+//! `bf16`, and the kernels' portable paths beside the detected ones.
 
 use burn::backend::Flex;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Distribution, Tensor};
-use burn_cpu_kernels::{MatRef, bf16, features, int8};
+use burn_cpu_kernels::{Isa, MatRef, bf16, int8};
 use burn_sketch::backend::{KernelStrategy, SketchWeights};
 use burn_sketch::{Activation, ActivationExt, SkLinearConfig, SketchBackend};
 
@@ -55,39 +55,36 @@ fn bf16_matches_f32_within_its_precision() {
     crate::flex::half_precision_matches_f32(DType::BF16, 2f32.powi(-7));
 }
 
-/// With `BURN_SKETCH_PORTABLE=1`, in a process of its own (the choice is made once per
-/// process): no AVX-512 path is taken, and the products still match their references.
+/// The products under Flex's `bf16` and `int8` paths on both kernel paths, in this process
+/// ([`Isa::PORTABLE`] and [`Isa::detected`]), against their references. The layer above them
+/// (`bf16_matches_f32_within_its_precision`) runs on the detected path: Flex's sketched
+/// product has no per-call choice of path, and its plumbing is the same on both.
 #[test]
 fn the_portable_paths_match_the_references() {
-    crate::own_process::in_own_process("cpu::the_portable_paths_match_the_references", || {
-        // SAFETY: this child process runs this test alone, before any thread reads the
-        // environment.
-        unsafe { std::env::set_var("BURN_SKETCH_PORTABLE", "1") };
-        let f = features();
-        assert!(
-            f.forced_portable && !f.avx512_bf16 && !f.avx512_vnni,
-            "{f:?}"
-        );
-
-        let (m, k, n) = (19, 37, 23);
-        let a: Vec<half::bf16> = (0..m * k)
-            .map(|i| half::bf16::from_f32(((i * 7) % 13) as f32 / 6.5 - 1.0))
-            .collect();
-        let b: Vec<half::bf16> = (0..k * n)
-            .map(|i| half::bf16::from_f32(((i * 5) % 11) as f32 / 5.5 - 1.0))
-            .collect();
-        let (lhs, rhs) = (MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n));
+    let (m, k, n) = (19, 37, 23);
+    let a: Vec<half::bf16> = (0..m * k)
+        .map(|i| half::bf16::from_f32(((i * 7) % 13) as f32 / 6.5 - 1.0))
+        .collect();
+    let b: Vec<half::bf16> = (0..k * n)
+        .map(|i| half::bf16::from_f32(((i * 5) % 11) as f32 / 5.5 - 1.0))
+        .collect();
+    let (lhs, rhs) = (MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n));
+    let xs: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
+    let ws: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 3) % 7) as f32 / 7.0 - 0.5)
+        .collect();
+    let exact: Vec<f32> = (0..m * n)
+        .map(|q| (0..k).map(|p| xs[q / n * k + p] * ws[p * n + q % n]).sum())
+        .collect();
+    let scale = exact.iter().fold(0f32, |s, v| s.max(v.abs()));
+    for isa in [Isa::PORTABLE, Isa::detected()] {
         let mut y = vec![0.0f32; m * n];
-        bf16::matmul(&mut y, n, lhs, rhs, 1.0, false, true);
+        bf16::matmul_on(isa, &mut y, n, lhs, rhs, 1.0, false, true);
         for (got, want) in y.iter().zip(bf16::reference(lhs, rhs, 1.0)) {
-            assert!((*got as f64 - want).abs() < 1e-4, "{got} against {want}");
+            assert!((*got as f64 - want).abs() < 1e-4, "{isa:?}: {got} against {want}");
         }
 
-        let xs: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 17) as f32 - 8.0).collect();
-        let ws: Vec<f32> = (0..k * n)
-            .map(|i| ((i * 3) % 7) as f32 / 7.0 - 0.5)
-            .collect();
-        let x = int8::QuantizedRows::quantize(MatRef::row_major(&xs, m, k), true);
+        let x = int8::QuantizedRows::quantize_on(isa, MatRef::row_major(&xs, m, k), true);
         let w = int8::QuantizedMatrix::quantize(MatRef::row_major(&ws, k, n));
         let mut y = vec![0.0f32; m * n];
         let e = int8::Epilogue {
@@ -96,16 +93,9 @@ fn the_portable_paths_match_the_references() {
             accumulate: false,
             activation: Activation::Identity,
         };
-        int8::matmul(&mut y, n, &x, &w, e, true);
-        let exact: Vec<f32> = (0..m * n)
-            .map(|q| (0..k).map(|p| xs[q / n * k + p] * ws[p * n + q % n]).sum())
-            .collect();
-        let scale = exact.iter().fold(0f32, |s, v| s.max(v.abs()));
+        int8::matmul_on(isa, &mut y, n, &x, &w, e, true);
         for (got, want) in y.iter().zip(&exact) {
-            assert!((got - want).abs() < 0.02 * scale, "{got} against {want}");
+            assert!((got - want).abs() < 0.02 * scale, "{isa:?}: {got} against {want}");
         }
-
-        // The layer on top: the same tolerance as on the kernel.
-        crate::flex::half_precision_matches_f32(DType::BF16, 2f32.powi(-7));
-    });
+    }
 }
