@@ -26,7 +26,8 @@ use std::time::Instant;
 
 use burn_cpu_kernels::peak::{self, Arithmetic};
 use burn_cpu_kernels::sgemm::{self, Epilogue, PackedRhs};
-use burn_cpu_kernels::{Activation, MatRef, gemm};
+use burn_cpu_kernels::testing::uniform;
+use burn_cpu_kernels::{Activation, Isa, MatRef, gemm};
 
 /// What a row times besides the plain product.
 #[derive(Clone, Copy, PartialEq)]
@@ -58,17 +59,8 @@ const SHAPES: &[(usize, usize, usize, Kind)] = &[
     (16, 384, 1536, Kind::BiasGelu),
 ];
 
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
+/// The operands' range.
+const UNIT: [f32; 2] = [-1.0, 1.0];
 
 /// `struct timespec` of Linux on 64 bits.
 #[repr(C)]
@@ -123,6 +115,8 @@ fn best<const N: usize>(budget: f64, runs: &mut [&mut dyn FnMut(); N]) -> [f64; 
 fn main() {
     let json = std::env::args().any(|a| a == "--json");
     let threads = rayon::current_num_threads();
+    // The path `sgemm::matmul` takes on this CPU.
+    let isa = Isa::detected();
     if std::env::args().any(|a| a == "--peaks") {
         // Every precision's peak on 1 thread and on all of them, then nothing else.
         for t in [1, threads] {
@@ -157,7 +151,7 @@ fn main() {
         if !only.is_empty() && !only.contains(&format!("{m}x{k}x{n}").as_str()) {
             continue;
         }
-        let (a, b) = (values(m * k, 1), values(k * n, 2));
+        let (a, b) = (uniform(m * k, 1, UNIT), uniform(k * n, 2, UNIT));
         let lhs = if kind == Kind::LhsT {
             MatRef::row_major(&a, k, m).t()
         } else {
@@ -168,7 +162,7 @@ fn main() {
         } else {
             MatRef::row_major(&b, k, n)
         };
-        let bias = values(n, 3);
+        let bias = uniform(n, 3, UNIT);
         let fused = kind == Kind::BiasGelu;
         let mut y = vec![0.0f32; m * n];
         let flops = 2.0 * (m * k * n) as f64;
@@ -203,8 +197,8 @@ fn main() {
             budget,
             &mut [
                 &mut || unfused(&mut y),
-                &mut || sgemm::matmul(&mut y1, n, lhs, rhs, e, true),
-                &mut || sgemm::matmul_packed(&mut y2, n, lhs, &packed, e, true),
+                &mut || sgemm::matmul_on(isa, &mut y1, n, lhs, rhs, e, true),
+                &mut || sgemm::matmul_packed_on(isa, &mut y2, n, lhs, &packed, e, true),
             ],
         );
         let [g0, g1, g2] = [t_gemm, t_sgemm, t_packed].map(|t| flops / t / 1e9);
