@@ -2,3 +2,7 @@
 //! of the crate is here. A kernel's dispatch (beside its portable code) calls into these
 //! files only where its [`Isa`](crate::Isa) predicate holds, which is what makes each
 //! `unsafe` call sound.
+
+pub(crate) mod bf16;
+pub(crate) mod int8;
+pub(crate) mod peak;
