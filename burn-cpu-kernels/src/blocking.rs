@@ -1,8 +1,16 @@
-//! How the `bf16` and `int8` products cut their output among rayon's threads and into
-//! register tiles.
+//! How the `bf16` and `int8` products cut their output among rayon's threads
+//! ([`for_each_block`], [`Split`]) and into register tiles ([`tile_shape`]), and the pointer
+//! their threads write through ([`SendPtr`], which the `f32` product uses too).
+//!
+//! Why one module: both kernels keep a tile of the output in registers for the whole depth
+//! and pack their right operand in panels as wide as the tile (the `int8` one when a weight
+//! is quantized, ahead of any product), so the tile shape, the panels and the threads' cut
+//! must agree; here they are decided once for both.
 
 /// `(MR, NR)`: the output tile of both kernels for a product `n` columns wide, rows by
-/// columns; 16 or 24 accumulators, the panel no wider than the product.
+/// columns. Why these: `MR × NR/16` accumulators (16 or 24) plus a panel row of `NR/16`
+/// registers and a broadcast fit AVX-512's 32 registers, and a narrow product (`n ≤ 32`)
+/// takes the narrowest panel that covers it, so that it multiplies little padding.
 pub(crate) fn tile_shape(n: usize) -> (usize, usize) {
     match n {
         0..=16 => (16, 16),
@@ -12,14 +20,19 @@ pub(crate) fn tile_shape(n: usize) -> (usize, usize) {
 }
 
 /// How a product's output is shared among rayon's threads: the side with more tiles is cut
-/// into one contiguous chunk per thread, each packed and multiplied on its own.
+/// into one contiguous chunk of whole tiles per thread, each packed and multiplied on its
+/// own. Why that side: it has the tiles to keep every thread busy (a tall product has few
+/// column tiles, a wide one few row tiles).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Split {
+    /// Chunks of this many rows (a multiple of the row tile), every column each.
     Rows(usize),
+    /// Chunks of this many columns (a multiple of the column tile), every row each.
     Cols(usize),
 }
 
 impl Split {
+    /// The split of an `m × n` output in tiles of `row_tile × col_tile` among `threads`.
     pub(crate) fn of(m: usize, n: usize, row_tile: usize, col_tile: usize, threads: usize) -> Self {
         let (row_tiles, col_tiles) = (m.div_ceil(row_tile), n.div_ceil(col_tile));
         if row_tiles >= col_tiles {
@@ -30,7 +43,9 @@ impl Split {
     }
 }
 
-/// A raw pointer that crosses rayon's threads; each thread writes a disjoint part.
+/// A raw pointer to a product's output that crosses rayon's threads, each writing a disjoint
+/// part: the threads' blocks are not slices that `split_at_mut` could hand out (a block of
+/// columns is strided), so they share the pointer and the kernels promise disjointness.
 #[derive(Clone, Copy)]
 pub(crate) struct SendPtr<T>(pub(crate) *mut T);
 
@@ -45,8 +60,9 @@ unsafe impl<T> Send for SendPtr<T> {}
 // SAFETY: as above.
 unsafe impl<T> Sync for SendPtr<T> {}
 
-/// Runs `block(row_start, rows, col_start, cols)` on every chunk of an `m × n` output, in
-/// parallel when `parallel`.
+/// Runs `block(row_start, rows, col_start, cols)` on every chunk of an `m × n` output (as
+/// [`Split::of`] cuts it, one chunk per thread), in parallel when `parallel`; nothing for an
+/// empty output.
 pub(crate) fn for_each_block(
     [m, n]: [usize; 2],
     [row_tile, col_tile]: [usize; 2],

@@ -3,4 +3,7 @@
 //! files only where its [`Isa`](crate::Isa) predicate holds, which is what makes each
 //! `unsafe` call sound.
 
+pub(crate) mod bf16;
+pub(crate) mod int8;
+pub(crate) mod peak;
 pub(crate) mod sgemm;
