@@ -9,8 +9,8 @@
 //! Columns: the naive version (one thread), the kernel on one thread, on rayon's threads,
 //! and on rayon's threads forced onto the portable path; GB/s counts each element read and
 //! written once, speed-up is the naive time over the kernel's on all threads.
-//! `Activation`'s GELU runs on the calling thread by design (a product's epilogue) and has
-//! no portable switch; `math::gelu_to` is the same function on all threads.
+//! `Activation`'s GELU runs on the calling thread by design (a product's epilogue), so its
+//! thread columns time one thread; `math::gelu_to` is the same function on all threads.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -20,6 +20,7 @@ use burn_cpu_kernels::Isa;
 use burn_cpu_kernels::layer_norm::{self, RowStats};
 use burn_cpu_kernels::math::{self, Func};
 use burn_cpu_kernels::softmax::{self, RowMask};
+use burn_cpu_kernels::testing::uniform;
 
 /// The best of `reps` runs, in seconds, after one warm-up run.
 fn time(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -33,26 +34,13 @@ fn time(reps: usize, mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-fn values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale
-        })
-        .collect()
-}
-
 struct Row {
     name: &'static str,
     bytes: f64,
     naive: f64,
     one: f64,
     all: f64,
-    /// `None` where the kernel has no portable switch (`Activation`'s own dispatch).
-    portable: Option<f64>,
+    portable: f64,
 }
 
 fn main() {
@@ -71,7 +59,7 @@ fn main() {
         let naive = time(reps, naive);
         let one = single.install(|| time(reps, || kernel(Isa::detected())));
         let all = time(reps, || kernel(Isa::detected()));
-        let portable = (!name.contains("Activation")).then(|| time(reps, || kernel(Isa::PORTABLE)));
+        let portable = time(reps, || kernel(Isa::PORTABLE));
         rows.push(Row {
             name,
             bytes,
@@ -84,7 +72,7 @@ fn main() {
 
     // Element-wise: the GELU's input, batch 32 × sequence 128 × 1536.
     let len = 32 * 128 * 1536;
-    let x = values(len, 1, 8.0);
+    let x = uniform(len, 1, [-4.0, 4.0]);
     let mut out = vec![0.0f32; len];
     let mut grad = vec![0.0f32; len];
     let b = 8.0 * len as f64;
@@ -99,7 +87,7 @@ fn main() {
             };
             let mut y = vec![0.0f32; len];
             bench($name, b, &mut naive, &mut |isa| {
-                math::map_to_on($func, isa, x, &mut y)
+                math::map_to_on(isa, $func, x, &mut y)
             });
         }};
     }
@@ -123,14 +111,14 @@ fn main() {
             "gelu (Activation::apply_to, +copy)",
             b,
             &mut naive,
-            &mut |_| {
+            &mut |isa| {
                 y.copy_from_slice(&x);
-                Activation::Gelu.apply_to(&mut y);
+                Activation::Gelu.apply_to_on(isa, &mut y);
             },
         );
         // The same gradient each run (multiplying one in place again and again would reach
         // denormals); `backward_to` works in place, so it copies it first, timed with it.
-        let dy = values(len, 8, 2.0);
+        let dy = uniform(len, 8, [-1.0, 1.0]);
         let mut naive = || {
             for ((g, &z), &d) in grad.iter_mut().zip(&x).zip(&dy) {
                 let cdf = 0.5 * (1.0 + libm::erff(z * core::f32::consts::FRAC_1_SQRT_2));
@@ -143,16 +131,16 @@ fn main() {
             "gelu backward (Activation, +copy)",
             12.0 * len as f64,
             &mut naive,
-            &mut |_| {
+            &mut |isa| {
                 g.copy_from_slice(&dy);
-                Activation::Gelu.backward_to(&x, &mut g)
+                Activation::Gelu.backward_to_on(isa, &x, &mut g)
             },
         );
     }
 
     // Attention scores: 32 × 12 heads × 128 queries, rows of 128 keys.
     let (n, r) = (128, 32 * 12 * 128);
-    let s = values(n * r, 2, 16.0);
+    let s = uniform(n * r, 2, [-8.0, 8.0]);
     let mut y = vec![0.0f32; n * r];
     let naive_softmax = |dst: &mut [f32], log: bool| {
         // burn-flex's passes: max per row, x − max, exp per value (libm), sum per row, divide.
@@ -223,7 +211,7 @@ fn main() {
         softmax::softmax_rows(&s, &mut p, n);
         p
     };
-    let dy = values(n * r, 3, 2.0);
+    let dy = uniform(n * r, 3, [-1.0, 1.0]);
     let mut dx = vec![0.0f32; n * r];
     let mut naive_back = || {
         let dots: Vec<f32> = probs
@@ -246,9 +234,9 @@ fn main() {
 
     // Layer norm: 32 × 128 rows of 384.
     let (n, r) = (384, 32 * 128);
-    let x = values(n * r, 4, 4.0);
-    let gamma = values(n, 5, 1.0);
-    let beta = values(n, 6, 1.0);
+    let x = uniform(n * r, 4, [-2.0, 2.0]);
+    let gamma = uniform(n, 5, [-0.5, 0.5]);
+    let beta = uniform(n, 6, [-0.5, 0.5]);
     let mut y = vec![0.0f32; n * r];
     let (mut mean, mut rstd) = (vec![0.0f32; r], vec![0.0f32; r]);
     let mut naive_ln = || {
@@ -302,7 +290,7 @@ fn main() {
         rstd: &mut rstd,
     };
     layer_norm::layer_norm_rows(&x, &gamma, Some(&beta), 1e-5, &mut y2, n, Some(stats));
-    let dy = values(n * r, 7, 2.0);
+    let dy = uniform(n * r, 7, [-1.0, 1.0]);
     let mut dx = vec![0.0f32; n * r];
     let mut naive_ln_back = || {
         let mut dg = vec![0.0f32; n];
@@ -366,7 +354,7 @@ fn main() {
     for row in &rows {
         let gbs = |t: f64| row.bytes / t / 1e9;
         println!(
-            "| {} | {:.2} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1} | {} | {:.1}× |",
+            "| {} | {:.2} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1} | {:.2} | {:.1}× |",
             row.name,
             row.naive * 1e3,
             gbs(row.naive),
@@ -374,8 +362,7 @@ fn main() {
             gbs(row.one),
             row.all * 1e3,
             gbs(row.all),
-            row.portable
-                .map_or("–".into(), |t| format!("{:.2}", t * 1e3)),
+            row.portable * 1e3,
             row.naive / row.all,
         );
     }

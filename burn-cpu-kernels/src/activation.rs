@@ -46,8 +46,9 @@ impl Activation {
     /// since nothing in it is a call, bit for bit [`math::gelu_to`](crate::math::gelu_to)'s
     /// GELU on the same `isa` (both fuse their multiply-adds where [`Isa::avx512`] holds).
     ///
-    /// Why not `libm`'s `erff` (burn-flex's own `gelu`): it is a scalar call per value, which
-    /// on a `256 × 4096` output costs several times the sketched product itself.
+    /// Why not `libm`'s `erff` (burn-flex's own `gelu`): it is a scalar call per value, with
+    /// branches on the input's range, so a loop of it runs one value at a time over the
+    /// largest tensor of the layer.
     pub fn apply_to_on(self, isa: Isa, values: &mut [f32]) {
         if self == Activation::Identity {
             return;
@@ -55,7 +56,7 @@ impl Activation {
         #[cfg(target_arch = "x86_64")]
         if isa.avx512() {
             // SAFETY: `isa.avx512()` holds only where AVX-512 and FMA were detected.
-            unsafe { apply_to_avx512(self, values) };
+            unsafe { crate::x86_64::math::apply_to_avx512(self, values) };
             return;
         }
         let _ = isa;
@@ -84,7 +85,7 @@ impl Activation {
         #[cfg(target_arch = "x86_64")]
         if isa.avx512() {
             // SAFETY: `isa.avx512()` holds only where AVX-512 and FMA were detected.
-            unsafe { backward_avx512(self, kept, grad) };
+            unsafe { crate::x86_64::math::backward_avx512(self, kept, grad) };
             return;
         }
         let _ = isa;
@@ -103,17 +104,11 @@ impl Activation {
     }
 }
 
-/// [`Activation::apply_to`] compiled for AVX-512: sixteen values per instruction.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
-fn apply_to_avx512(activation: Activation, values: &mut [f32]) {
-    apply_each::<true>(activation, values);
-}
-
 /// One loop per activation, chosen before it: a `match` inside the loop would keep it
-/// from being vectorised.
+/// from being vectorised. Compiled twice: here with `FMA = false`, and with `FMA = true` in
+/// the AVX-512 wrapper of `x86_64/math.rs`.
 #[inline(always)]
-fn apply_each<const FMA: bool>(activation: Activation, values: &mut [f32]) {
+pub(crate) fn apply_each<const FMA: bool>(activation: Activation, values: &mut [f32]) {
     match activation {
         Activation::Identity => {}
         Activation::Relu => values.iter_mut().for_each(|v| *v = v.max(0.0)),
@@ -127,16 +122,13 @@ fn apply_each<const FMA: bool>(activation: Activation, values: &mut [f32]) {
     }
 }
 
-/// [`Activation::backward_to`] compiled for AVX-512.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
-fn backward_avx512(activation: Activation, kept: &[f32], grad: &mut [f32]) {
-    backward_each::<true>(activation, kept, grad);
-}
-
-/// One loop per activation, as [`apply_each`].
+/// One loop per activation, as [`apply_each`] (and compiled twice as it is).
 #[inline(always)]
-fn backward_each<const FMA: bool>(activation: Activation, kept: &[f32], grad: &mut [f32]) {
+pub(crate) fn backward_each<const FMA: bool>(
+    activation: Activation,
+    kept: &[f32],
+    grad: &mut [f32],
+) {
     let pairs = grad.iter_mut().zip(kept);
     match activation {
         Activation::Identity => {}
@@ -196,7 +188,7 @@ mod tests {
             let mut activated = x.clone();
             Activation::Gelu.apply_to_on(isa, &mut activated);
             let mut mapped = vec![0.0; x.len()];
-            crate::math::map_to_on(crate::math::Func::Gelu, isa, &x, &mut mapped);
+            crate::math::map_to_on(isa, crate::math::Func::Gelu, &x, &mut mapped);
             let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&activated), bits(&mapped), "{isa:?}");
         }

@@ -5,5 +5,7 @@
 
 pub(crate) mod bf16;
 pub(crate) mod int8;
+pub(crate) mod math;
 pub(crate) mod peak;
+pub(crate) mod rows;
 pub(crate) mod sgemm;

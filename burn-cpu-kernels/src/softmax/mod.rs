@@ -14,9 +14,9 @@
 //! every position masked gets `NaN` everywhere, as `exp(−∞ − (−∞))` gives in both. A `NaN`
 //! or `+∞` score makes its whole row `NaN`, also as in both.
 //!
-//! [`forward_rows_on`] and [`backward_rows_on`], which the named functions call, take an
-//! [`Isa`] that tests and benchmarks use to force the portable path;
-//! `BURN_SKETCH_PORTABLE=1` forces it for all.
+//! Every named function is [`forward_rows_on`] or [`backward_rows_on`] with
+//! [`Isa::detected`]; those two take the [`Isa`] (the AVX-512 path where [`Isa::avx512`]
+//! holds), which tests and benchmarks pass to compare the paths in one process.
 
 use crate::Isa;
 use crate::math::{PARALLEL_MIN, exp_f, mul_add};
@@ -76,14 +76,14 @@ impl<'a> RowMask<'a> {
 
 /// The forward operation of a call.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Forward {
+pub(crate) enum Forward {
     Softmax,
     LogSoftmax,
 }
 
 /// The backward operation of a call.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Backward {
+pub(crate) enum Backward {
     Softmax,
     LogSoftmax,
 }
@@ -93,7 +93,7 @@ enum Backward {
 /// # Panics
 /// If the slices differ in length or are not whole rows of `n`.
 pub fn softmax_rows(src: &[f32], dst: &mut [f32], n: usize) {
-    forward_on(Isa::detected(), Forward::Softmax, Some(src), dst, n, None);
+    forward_rows_on(Isa::detected(), false, Some(src), dst, n, None);
 }
 
 /// [`softmax_rows`] in place.
@@ -101,7 +101,7 @@ pub fn softmax_rows(src: &[f32], dst: &mut [f32], n: usize) {
 /// # Panics
 /// If `values` is not whole rows of `n`.
 pub fn softmax_rows_in_place(values: &mut [f32], n: usize) {
-    forward_on(Isa::detected(), Forward::Softmax, None, values, n, None);
+    forward_rows_on(Isa::detected(), false, None, values, n, None);
 }
 
 /// [`softmax_rows`] with masked positions (`true`) at probability 0, as Burn's
@@ -111,14 +111,7 @@ pub fn softmax_rows_in_place(values: &mut [f32], n: usize) {
 /// # Panics
 /// If the slices differ in length or are not whole rows of `n`, or the mask is not.
 pub fn masked_softmax_rows(src: &[f32], mask: RowMask<'_>, dst: &mut [f32], n: usize) {
-    forward_on(
-        Isa::detected(),
-        Forward::Softmax,
-        Some(src),
-        dst,
-        n,
-        Some(mask),
-    );
+    forward_rows_on(Isa::detected(), false, Some(src), dst, n, Some(mask));
 }
 
 /// `dst` = the log-softmax of each row: `(x − max) − ln Σ exp(x − max)`, the stable form
@@ -127,14 +120,7 @@ pub fn masked_softmax_rows(src: &[f32], mask: RowMask<'_>, dst: &mut [f32], n: u
 /// # Panics
 /// If the slices differ in length or are not whole rows of `n`.
 pub fn log_softmax_rows(src: &[f32], dst: &mut [f32], n: usize) {
-    forward_on(
-        Isa::detected(),
-        Forward::LogSoftmax,
-        Some(src),
-        dst,
-        n,
-        None,
-    );
+    forward_rows_on(Isa::detected(), true, Some(src), dst, n, None);
 }
 
 /// [`log_softmax_rows`] with masked positions at `−∞` (a fully masked row is all `NaN`).
@@ -142,19 +128,13 @@ pub fn log_softmax_rows(src: &[f32], dst: &mut [f32], n: usize) {
 /// # Panics
 /// If the slices differ in length or are not whole rows of `n`, or the mask is not.
 pub fn masked_log_softmax_rows(src: &[f32], mask: RowMask<'_>, dst: &mut [f32], n: usize) {
-    forward_on(
-        Isa::detected(),
-        Forward::LogSoftmax,
-        Some(src),
-        dst,
-        n,
-        Some(mask),
-    );
+    forward_rows_on(Isa::detected(), true, Some(src), dst, n, Some(mask));
 }
 
 /// The forward operations on the path `isa` picks: the softmax, or the log-softmax with
 /// `log`, into `dst` from `src`, or in place in `dst` without `src`, masked with `mask`. What
-/// the named functions call; tests and benchmarks call it to compare paths.
+/// the named functions (the masked ones too) call with [`Isa::detected`]; tests and
+/// benchmarks call it to compare paths.
 ///
 /// # Panics
 /// If the slices differ in length or are not whole rows of `n`, or the mask is not.
@@ -166,12 +146,34 @@ pub fn forward_rows_on(
     n: usize,
     mask: Option<RowMask<'_>>,
 ) {
+    if let Some(src) = src {
+        assert_eq!(src.len(), dst.len(), "one output per input");
+    }
+    check_rows(dst.len(), n);
+    if dst.is_empty() {
+        return;
+    }
+    if let Some(mask) = mask {
+        mask.check(n);
+    }
     let op = if log {
         Forward::LogSoftmax
     } else {
         Forward::Softmax
     };
-    forward_on(isa, op, src, dst, n, mask);
+    let avx512 = isa.avx512();
+    for_row_blocks(dst, n, |first, block| {
+        let src = src.map(|src| &src[first * n..first * n + block.len()]);
+        #[cfg(target_arch = "x86_64")]
+        if avx512 {
+            // SAFETY: `avx512` is `isa.avx512()`, true only where AVX-512 and FMA were
+            // detected.
+            unsafe { crate::x86_64::rows::softmax_forward_avx512(op, first, src, block, n, mask) };
+            return;
+        }
+        let _ = avx512;
+        forward_block::<false>(op, first, src, block, n, mask);
+    });
 }
 
 /// `dx = y·(dy − Σ y·dy)` per row: the softmax's backward from its output `y` and the
@@ -202,7 +204,8 @@ pub fn log_softmax_backward_rows(y: &[f32], dy: &[f32], dx: &mut [f32], n: usize
 }
 
 /// The backward operations on the path `isa` picks: the softmax's, or the log-softmax's
-/// with `log`, into `dx` from `dy`, or in place in `dx` (holding `dy`) without `dy`.
+/// with `log`, into `dx` from `dy`, or in place in `dx` (holding `dy`) without `dy`. What
+/// the named backward functions call with [`Isa::detected`].
 ///
 /// # Panics
 /// If the slices differ in length or are not whole rows of `n`.
@@ -230,8 +233,9 @@ pub fn backward_rows_on(
         let dy = dy.map(|dy| &dy[rows.clone()]);
         #[cfg(target_arch = "x86_64")]
         if avx512 {
-            // SAFETY: `avx512` is true only where AVX-512F and FMA were detected.
-            unsafe { backward_avx512(op, &y[rows], dy, block, n) };
+            // SAFETY: `avx512` is `isa.avx512()`, true only where AVX-512 and FMA were
+            // detected.
+            unsafe { crate::x86_64::rows::softmax_backward_avx512(op, &y[rows], dy, block, n) };
             return;
         }
         let _ = avx512;
@@ -245,38 +249,6 @@ fn check_rows(len: usize, n: usize) {
         n > 0 && len.is_multiple_of(n) || len == 0,
         "{len} values are not whole rows of {n}"
     );
-}
-
-fn forward_on(
-    isa: Isa,
-    op: Forward,
-    src: Option<&[f32]>,
-    dst: &mut [f32],
-    n: usize,
-    mask: Option<RowMask<'_>>,
-) {
-    if let Some(src) = src {
-        assert_eq!(src.len(), dst.len(), "one output per input");
-    }
-    check_rows(dst.len(), n);
-    if dst.is_empty() {
-        return;
-    }
-    if let Some(mask) = mask {
-        mask.check(n);
-    }
-    let avx512 = isa.avx512();
-    for_row_blocks(dst, n, |first, block| {
-        let src = src.map(|src| &src[first * n..first * n + block.len()]);
-        #[cfg(target_arch = "x86_64")]
-        if avx512 {
-            // SAFETY: `avx512` is true only where AVX-512F and FMA were detected.
-            unsafe { forward_avx512(op, first, src, block, n, mask) };
-            return;
-        }
-        let _ = avx512;
-        forward_block::<false>(op, first, src, block, n, mask);
-    });
 }
 
 /// Calls `f(first_row, rows)` on blocks of whole rows of `n`: one block on this thread for
@@ -295,25 +267,13 @@ pub(crate) fn for_row_blocks(values: &mut [f32], n: usize, f: impl Fn(usize, &mu
         .for_each(|(i, block)| f(i * rows, block));
 }
 
-/// [`forward_block`] compiled for AVX-512 with fused multiply-adds.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
-fn forward_avx512(
-    op: Forward,
-    first: usize,
-    src: Option<&[f32]>,
-    block: &mut [f32],
-    n: usize,
-    mask: Option<RowMask<'_>>,
-) {
-    forward_block::<true>(op, first, src, block, n, mask);
-}
-
 /// The rows of one block, in place after copying each row from `src` (the row is then in
 /// L1 for the passes that follow). A mask is applied in the first pass (masked positions
 /// set to `−∞` as the maximum is found), so the `exp` passes are the unmasked ones.
+/// Compiled twice: here with `FMA = false`, and with `FMA = true` in the AVX-512 wrapper of
+/// `x86_64/rows.rs`.
 #[inline(always)]
-fn forward_block<const FMA: bool>(
+pub(crate) fn forward_block<const FMA: bool>(
     op: Forward,
     first: usize,
     src: Option<&[f32]>,
@@ -475,16 +435,10 @@ fn log_softmax_row<const FMA: bool>(row: &mut [f32], max: f32) {
     row.iter_mut().for_each(|v| *v = (*v - max) - log_sum);
 }
 
-/// [`backward_block`] compiled for AVX-512 with fused multiply-adds.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
-fn backward_avx512(op: Backward, y: &[f32], dy: Option<&[f32]>, block: &mut [f32], n: usize) {
-    backward_block::<true>(op, y, dy, block, n);
-}
-
-/// The rows of one block, in place in `block` (after copying each row of `dy` into it).
+/// The rows of one block, in place in `block` (after copying each row of `dy` into it);
+/// compiled twice, as [`forward_block`].
 #[inline(always)]
-fn backward_block<const FMA: bool>(
+pub(crate) fn backward_block<const FMA: bool>(
     op: Backward,
     y: &[f32],
     dy: Option<&[f32]>,
@@ -546,233 +500,4 @@ fn lane_sum_of(a: &[f32]) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Reproducible scores in about `[−8, 8]`.
-    fn scores(len: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 16.0
-            })
-            .collect()
-    }
-
-    /// Burn's composition in `f64`: `mask_fill(−∞)`, then `exp(x − max)/Σ`, or its log.
-    fn reference(x: &[f32], mask: Option<&[bool]>, log: bool) -> Vec<f64> {
-        let v: Vec<f64> = x
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| {
-                if mask.is_some_and(|m| m[i]) {
-                    f64::NEG_INFINITY
-                } else {
-                    x as f64
-                }
-            })
-            .collect();
-        let max = v.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x));
-        let sum: f64 = v.iter().map(|&x| (x - max).exp()).sum();
-        v.iter()
-            .map(|&x| {
-                if log {
-                    (x - max) - sum.ln()
-                } else {
-                    (x - max).exp() / sum
-                }
-            })
-            .collect()
-    }
-
-    fn close(got: f32, want: f64, rel: f64, abs: f64) -> bool {
-        if want.is_nan() {
-            return got.is_nan();
-        }
-        if want.is_infinite() {
-            return got as f64 == want;
-        }
-        (got as f64 - want).abs() <= rel * want.abs() + abs
-    }
-
-    /// Every row length of the brief, with no mask, some masked and all masked, on both paths
-    /// and with 3 rows (serial) as with many (parallel).
-    #[test]
-    fn softmax_and_log_softmax_follow_f64() {
-        for n in [1usize, 3, 17, 128, 384, 1000] {
-            for rows in [3usize, PARALLEL_MIN / n + 5] {
-                let x = scores(rows * n, n as u64);
-                let some: Vec<bool> = (0..rows * n).map(|i| (i * 7 + i / n) % 5 == 1).collect();
-                let all = vec![true; rows * n];
-                // Three mask rows, each serving 7 score rows, cycled: a block of rows on
-                // another thread starts inside a mask row's run.
-                let cycled = RowMask::repeated(&some[..3 * n], 7);
-                for (mask, name) in [
-                    (None, "none"),
-                    (Some(RowMask::new(&some)), "some"),
-                    (Some(RowMask::new(&all)), "all"),
-                    (Some(cycled), "cycled"),
-                ] {
-                    for log in [false, true] {
-                        for isa in [Isa::PORTABLE, Isa::detected()] {
-                            let mut y = vec![0.0; x.len()];
-                            forward_rows_on(isa, log, Some(&x), &mut y, n, mask);
-                            let mut again = x.clone();
-                            forward_rows_on(isa, log, None, &mut again, n, mask);
-                            assert_eq!(
-                                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                                again.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                            );
-                            for r in 0..rows {
-                                let row = r * n..(r + 1) * n;
-                                let m = mask_of(mask, r, n);
-                                let want = reference(&x[row.clone()], Some(&m), log);
-                                for (j, (&g, &w)) in y[row].iter().zip(&want).enumerate() {
-                                    // Probabilities: relative 4 ulp; log-probabilities
-                                    // absolute, from ln Σ and x − max.
-                                    let ok = if log {
-                                        close(g, w, 2.4e-7, 2e-6)
-                                    } else {
-                                        close(g, w, 4.8e-7, 1e-37)
-                                    };
-                                    assert!(
-                                        ok,
-                                        "n {n} rows {rows} mask {name} log {log} {isa:?} [{r},{j}]: {g} vs {w}"
-                                    );
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn mask_of(mask: Option<RowMask<'_>>, r: usize, n: usize) -> Vec<bool> {
-        mask.map_or(vec![false; n], |m| m.row(r, n).to_vec())
-    }
-
-    /// A fully masked row is `NaN` (Burn's and PyTorch's composition), its neighbours not; a
-    /// masked position is exactly 0.
-    #[test]
-    fn masks_follow_burn_s_mask_fill_then_softmax() {
-        let n = 5;
-        let x = scores(3 * n, 1);
-        let mut bits = vec![false; 3 * n];
-        bits[n..2 * n].fill(true);
-        bits[2] = true;
-        let mut y = vec![0.0; x.len()];
-        masked_softmax_rows(&x, RowMask::new(&bits), &mut y, n);
-        assert!(y[n..2 * n].iter().all(|v| v.is_nan()));
-        assert_eq!(y[2], 0.0);
-        assert!((y[..n].iter().sum::<f32>() - 1.0).abs() < 1e-6);
-        assert!(y[2 * n..].iter().all(|v| v.is_finite() && *v > 0.0));
-        masked_log_softmax_rows(&x, RowMask::new(&bits), &mut y, n);
-        assert_eq!(y[2], f32::NEG_INFINITY);
-        assert!(y[n..2 * n].iter().all(|v| v.is_nan()));
-        // A key-padding mask over 2 heads × 2 queries: mask row r / 4.
-        let keys = vec![false, false, true, true, false, true];
-        let x = scores(8 * 3, 2);
-        let mut y = vec![0.0; x.len()];
-        masked_softmax_rows(&x, RowMask::repeated(&keys, 4), &mut y, 3);
-        for r in 0..8 {
-            let m = &keys[(r / 4) * 3..][..3];
-            for j in 0..3 {
-                assert_eq!(y[r * 3 + j] == 0.0, m[j], "row {r}");
-            }
-        }
-    }
-
-    /// `NaN` or `+∞` in a row makes that row `NaN`; `−∞` is a zero probability.
-    #[test]
-    fn nan_and_infinities_follow_the_composition() {
-        for isa in [Isa::PORTABLE, Isa::detected()] {
-            let n = 20;
-            let mut x = scores(4 * n, 3);
-            x[3] = f32::NAN;
-            x[n + 18] = f32::INFINITY;
-            x[2 * n + 17] = f32::NEG_INFINITY;
-            let mut y = vec![0.0; x.len()];
-            forward_rows_on(isa, false, Some(&x), &mut y, n, None);
-            assert!(y[..2 * n].iter().all(|v| v.is_nan()), "{isa:?}");
-            assert_eq!(y[2 * n + 17], 0.0);
-            assert!(y[2 * n..].iter().all(|v| !v.is_nan()));
-            // Large scores do not overflow.
-            let big = vec![1e30f32, 1e30, 0.0];
-            let mut y = vec![0.0; 3];
-            forward_rows_on(isa, true, Some(&big), &mut y, 3, None);
-            assert!(
-                (y[0] + core::f32::consts::LN_2).abs() < 1e-6 && y[2] == -1e30,
-                "{y:?}"
-            );
-        }
-    }
-
-    /// The backward against `f64` formulas, on both paths, serial and parallel.
-    #[test]
-    fn backward_follows_f64() {
-        for n in [1usize, 3, 17, 384, 1000] {
-            for rows in [3usize, PARALLEL_MIN / n + 5] {
-                let x = scores(rows * n, 7 + n as u64);
-                let dy = scores(rows * n, 11 + n as u64);
-                for log in [false, true] {
-                    let mut y = vec![0.0; x.len()];
-                    forward_rows_on(Isa::detected(), log, Some(&x), &mut y, n, None);
-                    for isa in [Isa::PORTABLE, Isa::detected()] {
-                        let mut dx = vec![0.0; x.len()];
-                        backward_rows_on(isa, log, &y, Some(&dy), &mut dx, n);
-                        let mut again = dy.clone();
-                        backward_rows_on(isa, log, &y, None, &mut again, n);
-                        assert_eq!(dx, again);
-                        for r in 0..rows {
-                            let row = r * n..(r + 1) * n;
-                            let (y, dy, dx) = (&y[row.clone()], &dy[row.clone()], &dx[row]);
-                            let (s, scale) = if log {
-                                let s: f64 = dy.iter().map(|&v| v as f64).sum();
-                                (s, dy.iter().map(|v| v.abs() as f64).sum::<f64>())
-                            } else {
-                                let s: f64 =
-                                    y.iter().zip(dy).map(|(&a, &b)| a as f64 * b as f64).sum();
-                                (s, dy.iter().map(|v| v.abs() as f64).fold(0.0, f64::max))
-                            };
-                            for j in 0..n {
-                                let (yj, g) = (y[j] as f64, dy[j] as f64);
-                                let want = if log { g - yj.exp() * s } else { yj * (g - s) };
-                                let tol = 1e-6 * (scale + want.abs());
-                                assert!(
-                                    (dx[j] as f64 - want).abs() <= tol,
-                                    "n {n} log {log} {isa:?} [{r},{j}]: {} vs {want}",
-                                    dx[j]
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Rows split among threads give exactly what one call per row gives.
-    #[test]
-    fn parallel_rows_equal_serial_rows() {
-        let n = 128;
-        let rows = 4 * PARALLEL_MIN / n;
-        let x = scores(rows * n, 5);
-        let mut all = vec![0.0; x.len()];
-        softmax_rows(&x, &mut all, n);
-        for (r, want) in all.chunks(n).enumerate() {
-            let mut one = vec![0.0; n];
-            softmax_rows(&x[r * n..][..n], &mut one, n);
-            assert_eq!(one, want, "row {r}");
-        }
-    }
-
-    #[test]
-    #[should_panic(expected = "not whole rows")]
-    fn partial_rows_are_refused() {
-        softmax_rows(&[0.0; 7], &mut [0.0; 7], 3);
-    }
-}
+mod tests;

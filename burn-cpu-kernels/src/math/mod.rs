@@ -5,8 +5,9 @@
 //! the input's range: a loop of them runs one value at a time. Here each function is a
 //! branch-free polynomial (ranges handled by clamps and selects), written once as plain
 //! arithmetic and compiled twice: for the portable target (SSE2 on `x86_64`, separate
-//! multiplies and adds) and inside an `avx512f,fma` wrapper chosen at run time (sixteen
-//! lanes, fused multiply-adds). Long slices are cut into chunks that rayon's threads share.
+//! multiplies and adds) and inside an AVX-512 wrapper (`x86_64/math.rs`, sixteen lanes,
+//! fused multiply-adds) taken where [`Isa::avx512`] holds. Long slices are cut into chunks
+//! that rayon's threads share.
 //!
 //! Accuracy, measured against `f64` `libm` over a dense sweep (2048 values a binade, both
 //! signs, from `1e-40` to `1e4`) and the special values: the worst error over normal results
@@ -24,8 +25,8 @@
 
 use crate::Isa;
 
-/// Below this many elements a call runs on the calling thread: rayon's hand-off (a few
-/// microseconds) would cost more than the work.
+/// Below this many elements a call runs on the calling thread: rayon's hand-off would cost
+/// more than the work.
 pub(crate) const PARALLEL_MIN: usize = 1 << 15;
 
 /// Elements per rayon task for the element-wise maps: 64 KiB of `f32`, in L2.
@@ -99,9 +100,9 @@ const EXP_NORMAL_MIN: f32 = -87.33;
 
 /// `eˣ` for `x ≤ 0` (or `NaN`, kept), for softmax weights: [`exp_f`]'s value, bit for bit,
 /// where that is a normal `f32` (`x ≥ −87.33`), and `0` below (`−∞` included) rather than a
-/// denormal: producing or multiplying denormals costs microcode assists (a row of scores
-/// reaching them took 3× as long). One power of two suffices there (`k ≥ −126`), and one
-/// clamp: a few instructions fewer than [`exp_f`].
+/// denormal: producing or multiplying denormals takes microcode assists (a slow path of the
+/// CPU), and a softmax weight that small changes nothing. One power of two suffices there
+/// (`k ≥ −126`), and one clamp: a few instructions fewer than [`exp_f`].
 #[inline(always)]
 pub(crate) fn exp_non_positive_f<const FMA: bool>(x: f32) -> f32 {
     // Not `max`: a NaN stays NaN.
@@ -218,12 +219,12 @@ pub enum Func {
 /// # Panics
 /// If the slices differ in length.
 pub fn exp_to(src: &[f32], dst: &mut [f32]) {
-    map_to_on(Func::Exp, Isa::detected(), src, dst);
+    map_to_on(Isa::detected(), Func::Exp, src, dst);
 }
 
 /// `values[i] = exp(values[i])`, vectorised, in parallel when long.
 pub fn exp_in_place(values: &mut [f32]) {
-    map_in_place_on(Func::Exp, Isa::detected(), values);
+    map_in_place_on(Isa::detected(), Func::Exp, values);
 }
 
 /// `dst[i] = erf(src[i])`, vectorised, in parallel when long.
@@ -231,12 +232,12 @@ pub fn exp_in_place(values: &mut [f32]) {
 /// # Panics
 /// If the slices differ in length.
 pub fn erf_to(src: &[f32], dst: &mut [f32]) {
-    map_to_on(Func::Erf, Isa::detected(), src, dst);
+    map_to_on(Isa::detected(), Func::Erf, src, dst);
 }
 
 /// `values[i] = erf(values[i])`, vectorised, in parallel when long.
 pub fn erf_in_place(values: &mut [f32]) {
-    map_in_place_on(Func::Erf, Isa::detected(), values);
+    map_in_place_on(Isa::detected(), Func::Erf, values);
 }
 
 /// `dst[i] = tanh(src[i])`, vectorised, in parallel when long.
@@ -244,12 +245,12 @@ pub fn erf_in_place(values: &mut [f32]) {
 /// # Panics
 /// If the slices differ in length.
 pub fn tanh_to(src: &[f32], dst: &mut [f32]) {
-    map_to_on(Func::Tanh, Isa::detected(), src, dst);
+    map_to_on(Isa::detected(), Func::Tanh, src, dst);
 }
 
 /// `values[i] = tanh(values[i])`, vectorised, in parallel when long.
 pub fn tanh_in_place(values: &mut [f32]) {
-    map_in_place_on(Func::Tanh, Isa::detected(), values);
+    map_in_place_on(Isa::detected(), Func::Tanh, values);
 }
 
 /// `dst[i] = gelu(src[i])` (the exact GELU), vectorised, in parallel when long: what
@@ -258,20 +259,21 @@ pub fn tanh_in_place(values: &mut [f32]) {
 /// # Panics
 /// If the slices differ in length.
 pub fn gelu_to(src: &[f32], dst: &mut [f32]) {
-    map_to_on(Func::Gelu, Isa::detected(), src, dst);
+    map_to_on(Isa::detected(), Func::Gelu, src, dst);
 }
 
 /// `values[i] = gelu(values[i])`, vectorised, in parallel when long.
 pub fn gelu_in_place(values: &mut [f32]) {
-    map_in_place_on(Func::Gelu, Isa::detected(), values);
+    map_in_place_on(Isa::detected(), Func::Gelu, values);
 }
 
-/// `dst[i] = func(src[i])` on the path `isa` picks: what the named functions ([`exp_to`],
-/// …) call, and what tests and benchmarks call to compare the paths.
+/// `dst[i] = func(src[i])` on the path `isa` picks (the AVX-512 one where [`Isa::avx512`]
+/// holds): what the named functions ([`exp_to`], …) call with [`Isa::detected`], and what
+/// tests and benchmarks call to compare the paths.
 ///
 /// # Panics
 /// If the slices differ in length.
-pub fn map_to_on(func: Func, isa: Isa, src: &[f32], dst: &mut [f32]) {
+pub fn map_to_on(isa: Isa, func: Func, src: &[f32], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "one output per input");
     let avx512 = isa.avx512();
     if src.len() < PARALLEL_MIN {
@@ -284,8 +286,9 @@ pub fn map_to_on(func: Func, isa: Isa, src: &[f32], dst: &mut [f32]) {
     }
 }
 
-/// `values[i] = func(values[i])` on the path `isa` picks.
-pub fn map_in_place_on(func: Func, isa: Isa, values: &mut [f32]) {
+/// `values[i] = func(values[i])` on the path `isa` picks: what the named `_in_place`
+/// functions call with [`Isa::detected`].
+pub fn map_in_place_on(isa: Isa, func: Func, values: &mut [f32]) {
     let avx512 = isa.avx512();
     if values.len() < PARALLEL_MIN {
         map_chunk(func, avx512, None, values);
@@ -301,25 +304,19 @@ pub fn map_in_place_on(func: Func, isa: Isa, values: &mut [f32]) {
 fn map_chunk(func: Func, avx512: bool, src: Option<&[f32]>, dst: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if avx512 {
-        // SAFETY: `avx512` is true only where AVX-512F and FMA were detected.
-        unsafe { map_avx512(func, src, dst) };
+        // SAFETY: `avx512` is `isa.avx512()`, true only where AVX-512 and FMA were detected.
+        unsafe { crate::x86_64::math::map_avx512(func, src, dst) };
         return;
     }
     let _ = avx512;
     map_each::<false>(func, src, dst);
 }
 
-/// [`map_each`] compiled for AVX-512 with fused multiply-adds.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
-fn map_avx512(func: Func, src: Option<&[f32]>, dst: &mut [f32]) {
-    map_each::<true>(func, src, dst);
-}
-
 /// One loop per function and form, chosen before it: a `match` inside would keep the
-/// loop from being vectorised.
+/// loop from being vectorised. Compiled twice: here with `FMA = false`, and with
+/// `FMA = true` in the AVX-512 wrapper of `x86_64/math.rs`.
 #[inline(always)]
-fn map_each<const FMA: bool>(func: Func, src: Option<&[f32]>, dst: &mut [f32]) {
+pub(crate) fn map_each<const FMA: bool>(func: Func, src: Option<&[f32]>, dst: &mut [f32]) {
     #[inline(always)]
     fn each(src: Option<&[f32]>, dst: &mut [f32], f: impl Fn(f32) -> f32) {
         match src {
@@ -336,182 +333,4 @@ fn map_each<const FMA: bool>(func: Func, src: Option<&[f32]>, dst: &mut [f32]) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every binade from `1e-40` (denormals) to `1e4`, 2048 values each, both signs, with
-    /// zeros, infinities, `NaN` and the edges of `exp`'s range.
-    fn sweep() -> Vec<f32> {
-        let mut xs = vec![
-            0.0,
-            -0.0,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            f32::MAX,
-        ];
-        xs.extend([
-            f32::MIN,
-            f32::MIN_POSITIVE,
-            1e-45,
-            88.72,
-            88.73,
-            -87.33,
-            -103.9,
-            -104.0,
-        ]);
-        let mut x = 1e-40f32;
-        while x < 1e4 {
-            xs.push(x);
-            xs.push(-x);
-            x = x * (1.0 + 1.0 / 2048.0) + 1e-45;
-        }
-        xs
-    }
-
-    /// `(worst relative error, worst error in ulps)` of `f` against `exact` on `xs`, over
-    /// the results that are normal `f32`s, with special values required to match exactly.
-    fn worst(xs: &[f32], got: &[f32], exact: impl Fn(f64) -> f64, name: &str) -> (f64, f64) {
-        let (mut rel, mut ulps) = (0.0f64, 0.0f64);
-        for (&x, &y) in xs.iter().zip(got) {
-            let want = exact(x as f64);
-            let want32 = want as f32;
-            if want.is_nan() {
-                assert!(y.is_nan(), "{name}({x}) = {y}, want NaN");
-                continue;
-            }
-            if !want32.is_normal() {
-                // Infinite, zero or denormal: exact or within one denormal step.
-                let ok = y == want32 || (y as f64 - want).abs() <= f32::from_bits(1) as f64;
-                assert!(ok, "{name}({x}) = {y}, want {want}");
-                assert_eq!(
-                    y.is_sign_negative(),
-                    want32.is_sign_negative(),
-                    "{name}({x})"
-                );
-                continue;
-            }
-            let err = (y as f64 - want).abs();
-            let ulp = (want32.abs().to_bits() + 1) as f64;
-            let ulp = f32::from_bits(ulp as u32) as f64 - want32.abs() as f64;
-            rel = rel.max(err / want.abs());
-            ulps = ulps.max(err / ulp);
-        }
-        (rel, ulps)
-    }
-
-    fn check(func: Func, exact: impl Fn(f64) -> f64 + Copy, bounds: [(f64, f64); 2]) {
-        let xs = sweep();
-        for (isa, (max_rel, max_ulps)) in [Isa::PORTABLE, Isa::detected()].into_iter().zip(bounds) {
-            let mut got = vec![0.0; xs.len()];
-            map_to_on(func, isa, &xs, &mut got);
-            let mut again = xs.clone();
-            map_in_place_on(func, isa, &mut again);
-            assert_eq!(
-                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                again.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{func:?}: in place and out of place agree"
-            );
-            let (rel, ulps) = worst(&xs, &got, exact, &format!("{func:?} {isa:?}"));
-            eprintln!("{func:?} {isa:?}: relative {rel:.3e}, {ulps:.2} ulp");
-            assert!(
-                rel <= max_rel && ulps <= max_ulps,
-                "{func:?} {isa:?}: {rel:e}, {ulps} ulp"
-            );
-        }
-    }
-
-    #[test]
-    fn exp_follows_libm() {
-        check(Func::Exp, libm::exp, [(1e-7, 1.0), (1e-7, 1.0)]);
-        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
-        assert_eq!(exp(0.0), 1.0);
-    }
-
-    /// Softmax weights: [`exp_f`] bit for bit where it is normal, `0` below, for both
-    /// choices of `FMA` (a call to `fmaf` here, with the same results as the instruction).
-    #[test]
-    fn exp_non_positive_is_exp_without_denormals() {
-        for i in 0..=200_000 {
-            let x = -(i as f32) / 2_000.0; // [−100, 0]
-            let pairs = [
-                (exp_non_positive_f::<false>(x), exp_f::<false>(x)),
-                (exp_non_positive_f::<true>(x), exp_f::<true>(x)),
-            ];
-            for (got, exp) in pairs {
-                if x >= EXP_NORMAL_MIN {
-                    assert!(exp.is_normal(), "{x}");
-                    assert_eq!(got.to_bits(), exp.to_bits(), "{x}");
-                } else {
-                    assert_eq!(got.to_bits(), 0, "{x}");
-                }
-            }
-        }
-        for exp in [exp_non_positive_f::<false>, exp_non_positive_f::<true>] {
-            assert_eq!(exp(0.0), 1.0);
-            assert_eq!(exp(-0.0), 1.0);
-            assert_eq!(exp(f32::NEG_INFINITY), 0.0);
-            assert_eq!(exp(f32::MIN), 0.0);
-            assert!(exp(f32::NAN).is_nan());
-        }
-    }
-
-    #[test]
-    fn erf_follows_libm() {
-        check(Func::Erf, libm::erf, [(1e-7, 1.0), (1e-7, 1.0)]);
-        assert_eq!(erf(f32::INFINITY), 1.0);
-        assert_eq!(erf(f32::NEG_INFINITY), -1.0);
-        assert!(erf(-0.0).is_sign_negative());
-    }
-
-    #[test]
-    fn tanh_follows_libm() {
-        check(Func::Tanh, libm::tanh, [(1.3e-7, 1.25), (1.3e-7, 1.25)]);
-        assert_eq!(tanh(f32::INFINITY), 1.0);
-        assert_eq!(tanh(f32::NEG_INFINITY), -1.0);
-    }
-
-    #[test]
-    fn gelu_follows_the_exact_gelu() {
-        let xs: Vec<f32> = (-40_000..=40_000).map(|i| i as f32 / 4_000.0).collect();
-        for isa in [Isa::PORTABLE, Isa::detected()] {
-            let mut got = vec![0.0; xs.len()];
-            map_to_on(Func::Gelu, isa, &xs, &mut got);
-            for (&x, &y) in xs.iter().zip(&got) {
-                let x = x as f64;
-                let want = 0.5 * x * (1.0 + libm::erf(x * core::f64::consts::FRAC_1_SQRT_2));
-                // Relative, plus where x ≪ 0 the rounding of 1 + erf (an ulp of 1, halved),
-                // as in any f32 GELU of this formula.
-                let bound = 3e-7 * want.abs() + 3e-8 * x.abs();
-                assert!(
-                    (y as f64 - want).abs() <= bound,
-                    "{isa:?} {x}: {y}, want {want}"
-                );
-            }
-        }
-    }
-
-    /// Long slices are cut into chunks for rayon: the same results as one pass.
-    #[test]
-    fn parallel_maps_agree_with_serial_ones() {
-        let xs: Vec<f32> = (0..PARALLEL_MIN * 3 + 17)
-            .map(|i| (i as f32).sin() * 6.0)
-            .collect();
-        for func in [Func::Exp, Func::Erf, Func::Tanh, Func::Gelu] {
-            let mut long = vec![0.0; xs.len()];
-            map_to_on(func, Isa::detected(), &xs, &mut long);
-            for (chunk, want) in xs.chunks(1000).zip(long.chunks(1000)) {
-                let mut short = vec![0.0; chunk.len()];
-                map_to_on(func, Isa::detected(), chunk, &mut short);
-                assert_eq!(short, want, "{func:?}");
-            }
-        }
-    }
-
-    #[test]
-    #[should_panic(expected = "one output per input")]
-    fn mismatched_lengths_are_refused() {
-        exp_to(&[1.0, 2.0], &mut [0.0]);
-    }
-}
+mod tests;
