@@ -315,12 +315,12 @@ fn product_f32(dst: &mut [f32], stride: usize, lhs: &Operand, rhs: &Operand, bia
         bias,
         ..Default::default()
     };
-    let path = if a.shape()[0] <= SMALL_M {
-        sgemm::Path::Portable
+    let isa = if a.shape()[0] <= SMALL_M {
+        burn_cpu_kernels::Isa::PORTABLE
     } else {
-        sgemm::Path::Auto
+        burn_cpu_kernels::Isa::detected()
     };
-    sgemm::matmul_with(path, dst, stride, a, b, epilogue, true);
+    sgemm::matmul_on(isa, dst, stride, a, b, epilogue, true);
 }
 
 /// Rows up to which `linear`'s `f32` product takes `sgemm`'s `gemm` path: with a few
