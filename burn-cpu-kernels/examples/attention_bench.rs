@@ -11,6 +11,7 @@
 use std::time::Instant;
 
 use burn_cpu_kernels::attention::{self, Options, View4};
+use burn_cpu_kernels::testing::uniform;
 use burn_cpu_kernels::{MatRef, gemm};
 use rayon::prelude::*;
 
@@ -34,29 +35,15 @@ struct Inputs {
     mask: Vec<u8>,
 }
 
-fn values(seed: u64, count: usize) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (0..count)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
 impl Case {
     fn inputs(&self) -> Inputs {
         let Case {
             b, h, sq, sk, d, ..
         } = *self;
         Inputs {
-            q: values(1, b * sq * h * d),
-            k: values(2, b * sk * h * d),
-            v: values(3, b * sk * h * d),
+            q: uniform(b * sq * h * d, 1, [-1.0, 1.0]),
+            k: uniform(b * sk * h * d, 2, [-1.0, 1.0]),
+            v: uniform(b * sk * h * d, 3, [-1.0, 1.0]),
             mask: (0..b * sk)
                 .map(|n| (n % sk >= sk - (n / sk % 4) * sk / 8) as u8)
                 .collect(),

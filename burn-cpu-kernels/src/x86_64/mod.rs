@@ -3,6 +3,7 @@
 //! files only where its [`Isa`](crate::Isa) predicate holds, which is what makes each
 //! `unsafe` call sound.
 
+pub(crate) mod attention;
 pub(crate) mod bf16;
 pub(crate) mod int8;
 pub(crate) mod math;

@@ -1,0 +1,466 @@
+//! Fused scaled-dot-product attention on the CPU: `softmax(q·kᵀ·scale + …)·v` without the
+//! `[b, h, sq, sk]` score tensor.
+//!
+//! burn-flex 0.21's attention kernels take one `(batch, head)` after another on one thread,
+//! and burn-backend's `attention_fallback` writes the whole score tensor to memory several
+//! times between its separate kernels. [`forward`] hands rayon's threads one block of
+//! queries of one head each; a block multiplies its queries by a block of keys with
+//! [`gemm()`](crate::gemm()) (one thread each, inside the parallel loop), applies the scale,
+//! softcap, mask, causal mask and bias and the softmax's exponentials while the scores are in
+//! cache, and multiplies them by the block of values into an accumulator. Keys longer than
+//! one block are taken block by block with an online softmax (a running maximum and sum per
+//! query, flash-attention style), so a thread's scratch is `O(block_q × block_k)` whatever
+//! the sequence lengths.
+//!
+//! The semantics are those of burn-backend 0.21's `attention_fallback`:
+//!
+//! - `scores = q·kᵀ·scale`, `scale` by default `1/√d`;
+//! - softcap `c`: `scores ← c·tanh(scores / c)`, before any masking;
+//! - a mask value that is nonzero (Burn's `true`) masks that score (`−∞`);
+//! - causal: key `j` is masked for query `i` when `j > i + sk − sq` (the diagonal aligned at
+//!   the bottom-right corner, so with `sq > sk` the first `sq − sk` queries see no key);
+//! - the bias is added after masking (a masked score stays `−∞`; a `−∞` bias masks too);
+//! - a query whose scores are all masked gets an output of zeros (the fallback clamps the
+//!   row maximum to `f32::MIN` and the row sum to `f32::MIN_POSITIVE`).
+//!
+//! A NaN in a query's scores makes its output row NaN, as in the fallback; with `sk = 0` the
+//! output is zeros.
+//!
+//! Mask and bias are 4-D views whose size-1 dimensions broadcast against
+//! `[b, h, sq, sk]` (a padding mask is typically `[b, 1, 1, sk]`).
+//!
+//! [`forward_on`] takes the [`Isa`] whose path the softmax pass runs on ([`forward`]: this
+//! CPU's); [`reference()`] computes the same thing naively in `f64`, for tests.
+//!
+//! ```
+//! use burn_cpu_kernels::attention::{self, Options, View4};
+//!
+//! // One head, two queries, two keys, d = dv = 1.
+//! let (q, k, v) = ([1.0f32, 0.0], [1.0f32, -1.0], [10.0f32, 20.0]);
+//! let view = |data| View4::contiguous(data, [1, 1, 2, 1]);
+//! let mut out = [0.0f32; 2];
+//! let causal = Options { causal: true, ..Options::default() };
+//! attention::forward(&mut out, view(&q), view(&k), view(&v), None, None, causal, true);
+//! // The first query sees only the first key; the second one weighs both equally.
+//! assert_eq!(out, [10.0, 15.0]);
+//! ```
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use crate::convert::StoredFloat;
+use crate::math::{exp_non_positive_f, tanh_f};
+// The view's home is `crate::view`; re-exported here, where attention's callers import it.
+pub use crate::view::View4;
+use crate::{Isa, MatRef, gemm};
+
+mod online;
+mod reference;
+#[cfg(test)]
+mod tests;
+
+use online::{exp_shifted, max_of};
+pub use reference::reference;
+
+/// What burn-backend 0.21's `AttentionModuleOptions` says (its `f64`s as `f32`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Options {
+    /// The factor of `q·kᵀ`; `None`: `1/√d`.
+    pub scale: Option<f32>,
+    /// `c` of `c·tanh(scores / c)`, applied before masking; positive.
+    pub softcap: Option<f32>,
+    /// Mask key `j` for query `i` when `j > i + sk − sq`.
+    pub causal: bool,
+}
+
+/// Block sizes: queries per task, keys per step of the online softmax.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Blocks {
+    q: usize,
+    k: usize,
+}
+
+impl Blocks {
+    /// Up to 256 queries by 512 keys (256 keys when `d + dv > 128`). `gemm` packs a block of
+    /// keys and of values for each task that reads it, so the more queries share a block the
+    /// less packing per product; 256 × 512 at `d = dv = 64` keeps a thread's scratch (scores
+    /// 512 KiB, keys and values 128 KiB each, queries and accumulator 64 KiB each) within a
+    /// 1 MiB L2. Fewer queries per task when the tensor has fewer than 16 tasks, so that
+    /// several cores have work; never below 8. Sizes depend on the shape only, so serial and
+    /// parallel runs give identical results.
+    fn for_shape(heads: usize, sq: usize, d: usize, dv: usize) -> Self {
+        let mut q = 256;
+        while q > 8 && heads * sq.div_ceil(q) < 16 {
+            q /= 2;
+        }
+        let k = if d + dv <= 128 { 512 } else { 256 };
+        Self { q, k }
+    }
+}
+
+/// Scaled-dot-product attention, `softmax(q·kᵀ·scale …)·v`, into the contiguous
+/// `[b, h, sq, dv]` tensor `out`, with the semantics of burn-backend 0.21's
+/// `attention_fallback` (the [module docs](self) list them): `mask` (nonzero = masked) and
+/// `bias` broadcast from any shape whose dimensions are those of `[b, h, sq, sk]` or 1.
+/// With `parallel`, rayon's threads share the `(batch, head, block of queries)` tasks; the
+/// result does not depend on it. [`forward_on`] with [`Isa::detected`].
+///
+/// # Panics
+/// If `q` is not `[b, h, sq, d]`, `k` `[b, h, sk, d]` and `v` `[b, h, sk, dv]` with `d > 0`;
+/// if `out` does not hold `b·h·sq·dv` elements; if `mask` or `bias` does not broadcast to
+/// `[b, h, sq, sk]`; if the softcap is not positive.
+#[allow(clippy::too_many_arguments)]
+pub fn forward<E: StoredFloat>(
+    out: &mut [E],
+    q: View4<'_, E>,
+    k: View4<'_, E>,
+    v: View4<'_, E>,
+    mask: Option<View4<'_, u8>>,
+    bias: Option<View4<'_, E>>,
+    options: Options,
+    parallel: bool,
+) {
+    forward_on(Isa::detected(), out, q, k, v, mask, bias, options, parallel);
+}
+
+/// [`forward`] on the path `isa` picks: the softmax pass (softcap, masks, bias, the
+/// exponentials) compiled for AVX-512 with fused multiply-adds where [`Isa::avx512`] holds,
+/// portable otherwise; the products are `gemm`'s either way, so the paths differ only in
+/// how the polynomials round.
+///
+/// # Panics
+/// As [`forward`].
+#[allow(clippy::too_many_arguments)]
+pub fn forward_on<E: StoredFloat>(
+    isa: Isa,
+    out: &mut [E],
+    q: View4<'_, E>,
+    k: View4<'_, E>,
+    v: View4<'_, E>,
+    mask: Option<View4<'_, u8>>,
+    bias: Option<View4<'_, E>>,
+    options: Options,
+    parallel: bool,
+) {
+    let problem = Problem::new(q, k, v, mask, bias, options);
+    let [b, h, sq, _] = q.shape;
+    assert_eq!(
+        out.len(),
+        b * h * sq * problem.dv,
+        "the output of [{b}, {h}, {sq}, {}] has {} elements",
+        problem.dv,
+        out.len()
+    );
+    problem.run(
+        isa,
+        out,
+        Blocks::for_shape(b * h, sq, q.shape[3], problem.dv),
+        parallel,
+    );
+}
+
+/// The checked inputs of one call.
+struct Problem<'a, E> {
+    q: View4<'a, E>,
+    k: View4<'a, E>,
+    v: View4<'a, E>,
+    /// Broadcast to `[b, h, sq, sk]`.
+    mask: Option<View4<'a, u8>>,
+    /// Broadcast to `[b, h, sq, sk]`.
+    bias: Option<View4<'a, E>>,
+    scale: f32,
+    softcap: Option<f32>,
+    /// `sk − sq` when causal.
+    causal_offset: Option<isize>,
+    dv: usize,
+}
+
+impl<'a, E: StoredFloat> Problem<'a, E> {
+    fn new(
+        q: View4<'a, E>,
+        k: View4<'a, E>,
+        v: View4<'a, E>,
+        mask: Option<View4<'a, u8>>,
+        bias: Option<View4<'a, E>>,
+        options: Options,
+    ) -> Self {
+        let [b, h, sq, d] = q.shape;
+        let [.., sk, dv] = v.shape;
+        assert!(
+            k.shape == [b, h, sk, d] && v.shape[..3] == [b, h, sk],
+            "attention: q {:?}, k {:?} and v {:?} are not [b, h, sq, d], [b, h, sk, d] and \
+             [b, h, sk, dv]",
+            q.shape,
+            k.shape,
+            v.shape
+        );
+        assert!(d > 0, "attention: the head dimension d is 0");
+        if let Some(softcap) = options.softcap {
+            assert!(softcap > 0.0, "softcap must be positive, got {softcap}");
+        }
+        let target = [b, h, sq, sk];
+        Self {
+            q,
+            k,
+            v,
+            mask: mask.map(|m| m.broadcast(target, "attention: the mask")),
+            bias: bias.map(|m| m.broadcast(target, "attention: the bias")),
+            scale: options
+                .scale
+                .unwrap_or_else(|| (1.0 / (d as f64).sqrt()) as f32),
+            softcap: options.softcap,
+            causal_offset: options.causal.then_some(sk as isize - sq as isize),
+            dv,
+        }
+    }
+
+    /// Every task, each writing its own rows of `out`, its softmax on `isa`'s path.
+    fn run(&self, isa: Isa, out: &mut [E], blocks: Blocks, parallel: bool) {
+        let [_, heads, sq, _] = self.q.shape;
+        if out.is_empty() {
+            return;
+        }
+        let (head_len, block_len) = (sq * self.dv, blocks.q * self.dv);
+        let task = |bh: usize, block: usize, dst: &mut [E]| {
+            self.block(isa, bh / heads, bh % heads, block * blocks.q, dst, blocks.k)
+        };
+        // Below about a million multiply-adds (`b=1, h=12, s=16, d=64` has 0.4 M) waking the
+        // pool costs more than the second thread saves.
+        let [_, _, _, sk] = self.mask.map_or([0, 0, 0, self.k.shape[2]], |m| m.shape);
+        let work = out.len() / self.dv * sk * (self.q.shape[3] + self.dv);
+        if parallel && work >= 1 << 20 {
+            out.par_chunks_mut(head_len)
+                .enumerate()
+                .for_each(|(bh, head)| {
+                    head.par_chunks_mut(block_len)
+                        .enumerate()
+                        .for_each(|(block, dst)| task(bh, block, dst))
+                });
+        } else {
+            for (bh, head) in out.chunks_mut(head_len).enumerate() {
+                for (block, dst) in head.chunks_mut(block_len).enumerate() {
+                    task(bh, block, dst);
+                }
+            }
+        }
+    }
+
+    /// The output rows `q0..q0 + dst.len()/dv` of head `(bi, hi)`, keys `block_k` at a time.
+    fn block(&self, isa: Isa, bi: usize, hi: usize, q0: usize, dst: &mut [E], block_k: usize) {
+        let (dv, sk) = (self.dv, self.k.shape[2]);
+        let nq = dst.len() / dv;
+        // Keys past the causal boundary of the block's last query are masked for all of
+        // its queries: not read at all.
+        let key_end = match self.causal_offset {
+            Some(offset) => ((q0 + nq) as isize + offset).clamp(0, sk as isize) as usize,
+            None => sk,
+        };
+        if key_end == 0 {
+            dst.fill(E::from_f32(0.0));
+            return;
+        }
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => self.block_in(isa, bi, hi, q0, dst, block_k, key_end, &mut scratch),
+            // Only if a task ever ran inside another on one thread.
+            Err(_) => self.block_in(
+                isa,
+                bi,
+                hi,
+                q0,
+                dst,
+                block_k,
+                key_end,
+                &mut Scratch::default(),
+            ),
+        });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn block_in(
+        &self,
+        isa: Isa,
+        bi: usize,
+        hi: usize,
+        q0: usize,
+        dst: &mut [E],
+        block_k: usize,
+        key_end: usize,
+        scratch: &mut Scratch,
+    ) {
+        let dv = self.dv;
+        let nq = dst.len() / dv;
+        let Scratch {
+            q_wide,
+            k_wide,
+            v_wide,
+            scores,
+            acc,
+            maxes,
+            sums,
+        } = scratch;
+        let queries = E::widen(self.q.matrix(bi, hi).rows(q0, nq), q_wide);
+        maxes.clear();
+        maxes.resize(nq, f32::MIN);
+        sums.clear();
+        sums.resize(nq, 0.0);
+        acc.resize(nq * dv, 0.0);
+        scores.resize(nq * block_k.min(key_end), 0.0);
+        for k0 in (0..key_end).step_by(block_k) {
+            let nk = block_k.min(key_end - k0);
+            let keys = E::widen(self.k.matrix(bi, hi).rows(k0, nk), k_wide);
+            let scores = &mut scores[..nq * nk];
+            gemm(
+                scores,
+                nk,
+                queries,
+                keys.t(),
+                self.scale,
+                false,
+                gemm::Parallelism::None,
+            );
+            let step = Step {
+                problem: self,
+                isa,
+                bi,
+                hi,
+                q0,
+                k0,
+                nk,
+                first: k0 == 0,
+            };
+            step.softmax(scores, &mut acc[..nq * dv], maxes, sums);
+            let values = E::widen(self.v.matrix(bi, hi).rows(k0, nk), v_wide);
+            gemm(
+                &mut acc[..nq * dv],
+                dv,
+                MatRef::row_major(scores, nq, nk),
+                values,
+                1.0,
+                k0 > 0,
+                gemm::Parallelism::None,
+            );
+        }
+        for ((out, acc), &sum) in dst
+            .chunks_exact_mut(dv)
+            .zip(acc.chunks_exact(dv))
+            .zip(&*sums)
+        {
+            // The fallback's clamp: a fully masked query has sum 0 and accumulator 0.
+            let inv = 1.0 / sum.max(f32::MIN_POSITIVE);
+            for (o, &a) in out.iter_mut().zip(acc) {
+                *o = E::from_f32(a * inv);
+            }
+        }
+    }
+}
+
+/// One thread's buffers, kept between tasks.
+#[derive(Default)]
+struct Scratch {
+    q_wide: Vec<f32>,
+    k_wide: Vec<f32>,
+    v_wide: Vec<f32>,
+    scores: Vec<f32>,
+    acc: Vec<f32>,
+    maxes: Vec<f32>,
+    sums: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// One block of keys of one task, between its two products.
+pub(crate) struct Step<'p, 'a, E> {
+    problem: &'p Problem<'a, E>,
+    /// The softmax's path.
+    isa: Isa,
+    bi: usize,
+    hi: usize,
+    q0: usize,
+    k0: usize,
+    nk: usize,
+    first: bool,
+}
+
+impl<E: StoredFloat> Step<'_, '_, E> {
+    /// Turns the block's raw scores into `exp(score − running max)`, updating each query's
+    /// running maximum and sum and rescaling its accumulator when the maximum grows.
+    fn softmax(&self, scores: &mut [f32], acc: &mut [f32], maxes: &mut [f32], sums: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa.avx512() {
+            // SAFETY: `isa.avx512()` holds only where AVX-512 (F among them) and FMA were
+            // detected.
+            unsafe { crate::x86_64::attention::softmax_rows(self, scores, acc, maxes, sums) };
+            return;
+        }
+        let _ = self.isa;
+        self.softmax_rows::<false>(scores, acc, maxes, sums);
+    }
+
+    /// The fallback's order: softcap, mask, causal mask, bias; then the online softmax.
+    /// `FMA`: the polynomials of [`exp_non_positive_f`] and [`tanh_f`] in fused
+    /// multiply-adds (a call to `fmaf` each without the instruction).
+    #[inline(always)]
+    pub(crate) fn softmax_rows<const FMA: bool>(
+        &self,
+        scores: &mut [f32],
+        acc: &mut [f32],
+        maxes: &mut [f32],
+        sums: &mut [f32],
+    ) {
+        let p = self.problem;
+        let (nk, dv) = (self.nk, p.dv);
+        let rows = scores
+            .chunks_exact_mut(nk)
+            .zip(acc.chunks_exact_mut(dv))
+            .zip(maxes.iter_mut().zip(sums.iter_mut()));
+        for (r, ((row, acc), (max, sum))) in rows.enumerate() {
+            let i = self.q0 + r;
+            if let Some(cap) = p.softcap {
+                // A product by `1/c` rather than a division per score: half a rounding more
+                // (`tanh_f` is within 1.1 ulp) for a cheaper pass, a division's latency being
+                // several multiplications'.
+                let inverse = 1.0 / cap;
+                row.iter_mut()
+                    .for_each(|s| *s = cap * tanh_f::<FMA>(*s * inverse));
+            }
+            // Keys `limit..` are after the causal boundary.
+            let limit = match p.causal_offset {
+                Some(offset) => {
+                    (i as isize + offset + 1 - self.k0 as isize).clamp(0, nk as isize) as usize
+                }
+                None => nk,
+            };
+            row[limit..].fill(f32::NEG_INFINITY);
+            let row_open = &mut row[..limit];
+            if let Some(mask) = &p.mask {
+                mask.line([self.bi, self.hi, i], self.k0, limit)
+                    .zip_with(row_open, |s, m| {
+                        if m != 0 {
+                            *s = f32::NEG_INFINITY
+                        }
+                    });
+            }
+            if let Some(bias) = &p.bias {
+                bias.line([self.bi, self.hi, i], self.k0, limit)
+                    .zip_with(row_open, |s, b| *s += b.to_f32());
+            }
+            // The fallback clamps the maximum to `f32::MIN`: a masked row stays at `−∞ − MIN
+            // = −∞` and its exponentials at 0.
+            let new_max = max_of(row).max(*max);
+            let block_sum = exp_shifted::<FMA>(row, new_max);
+            if self.first {
+                *sum = block_sum;
+            } else {
+                let factor = exp_non_positive_f::<FMA>(*max - new_max);
+                *sum = *sum * factor + block_sum;
+                if factor != 1.0 {
+                    acc.iter_mut().for_each(|a| *a *= factor);
+                }
+            }
+            *max = new_max;
+        }
+    }
+}
