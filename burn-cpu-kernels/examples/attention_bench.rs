@@ -10,7 +10,8 @@
 
 use std::time::Instant;
 
-use burn_cpu_kernels::attention::{self, Options, View4};
+use burn_cpu_kernels::View4;
+use burn_cpu_kernels::attention::{self, Options};
 use burn_cpu_kernels::testing::uniform;
 use burn_cpu_kernels::{MatRef, gemm};
 use rayon::prelude::*;

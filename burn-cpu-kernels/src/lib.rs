@@ -34,7 +34,7 @@
 //! - [`convert`]: [`StoredFloat`] (`f32` or `bf16` stored, `f32` computed) and the
 //!   `f32` ↔ half conversions over slices;
 //! - [`isa`]: the [`Isa`] every kernel's `_on` form takes, and this CPU's ([`Isa::detected`]);
-//! - [`view`]: [`MatRef`], strided matrix views, and [`gemm()`], one `gemm` call on them;
+//! - [`view`]: [`MatRef`] and [`View4`], strided views, and [`gemm()`], one `gemm` call on them;
 //! - [`testing`]: the seeded inputs and `f64` comparisons the tests and benchmarks share.
 //!
 //! The intrinsics live under `x86_64/`, one file per kernel family, behind
@@ -60,4 +60,4 @@ mod x86_64;
 pub use activation::Activation;
 pub use convert::StoredFloat;
 pub use isa::Isa;
-pub use view::{GemmElement, MatRef, gemm};
+pub use view::{GemmElement, MatRef, View4, gemm};

@@ -33,7 +33,8 @@
 //! CPU's); [`reference()`] computes the same thing naively in `f64`, for tests.
 //!
 //! ```
-//! use burn_cpu_kernels::attention::{self, Options, View4};
+//! use burn_cpu_kernels::View4;
+//! use burn_cpu_kernels::attention::{self, Options};
 //!
 //! // One head, two queries, two keys, d = dv = 1.
 //! let (q, k, v) = ([1.0f32, 0.0], [1.0f32, -1.0], [10.0f32, 20.0]);
@@ -52,7 +53,7 @@ use rayon::prelude::*;
 use crate::convert::StoredFloat;
 use crate::math::{exp_non_positive_f, tanh_f};
 // The view's home is `crate::view`; re-exported here, where attention's callers import it.
-pub use crate::view::View4;
+use crate::view::View4;
 use crate::{Isa, MatRef, gemm};
 
 mod online;
