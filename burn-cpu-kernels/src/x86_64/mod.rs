@@ -2,3 +2,5 @@
 //! of the crate is here. A kernel's dispatch (beside its portable code) calls into these
 //! files only where its [`Isa`](crate::Isa) predicate holds, which is what makes each
 //! `unsafe` call sound.
+
+pub(crate) mod convert;
