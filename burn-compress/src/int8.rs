@@ -24,8 +24,8 @@ use burn::tensor::quantization::{
 };
 use burn::tensor::{DType, Tensor, TensorData};
 
-use burn_cpu_kernels::MatRef;
 use burn_cpu_kernels::Isa;
+use burn_cpu_kernels::MatRef;
 use burn_cpu_kernels::int8::{Epilogue, QuantizedMatrix, QuantizedRows, matmul_on, matmul_sum_on};
 use burn_sketch::{Activation, SkLinear};
 

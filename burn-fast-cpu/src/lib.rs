@@ -6,6 +6,9 @@
 //!   (its backward too), small batched products, fused attention, vectorised activations,
 //!   softmax, layer norm and `mask_fill`. Use it wherever Flex goes:
 //!   `type B = Autodiff<FastFlex>` changes nothing else in a model.
+//! - [`flex_view`]: Flex's tensors as the kernels' views (strided matrices, 4-D views,
+//!   contiguous values), the one way from a Flex tensor to a kernel, which burn-sketch's Flex
+//!   path uses too.
 //! - With the `memory` feature, burn-memory's `DeviceMemory` and `DeviceTransfer` for it, so
 //!   that the memory tools measure and place its tensors as Flex's.
 //!
@@ -29,6 +32,7 @@
 #![warn(missing_docs)]
 
 mod fast_flex;
+pub mod flex_view;
 #[cfg(feature = "memory")]
 mod memory;
 

@@ -21,8 +21,6 @@ const DEVICE: FlexDevice = FlexDevice;
 mod close;
 #[path = "fast_flex/ops.rs"]
 mod ops;
-#[path = "../../testing/own_process.rs"]
-mod own_process;
 
 /// Casts every float parameter to a dtype, as a new leaf (so that its gradient is kept).
 /// Parameters are initialised lazily, at first use: cast them only after
@@ -427,59 +425,85 @@ fn threads_at_once() {
     }
 }
 
-/// With `BURN_SKETCH_PORTABLE=1`, in a process of its own (the choice is made once per
-/// process): the scalar conversion loops and the portable `bf16` product give the same
-/// results.
-#[test]
-fn the_portable_paths_match_the_references() {
-    crate::own_process::in_own_process("the_portable_paths_match_the_references", || {
-        // SAFETY: this child process runs this test alone, before any thread reads the
-        // environment.
-        unsafe { std::env::set_var("BURN_SKETCH_PORTABLE", "1") };
-        assert!(burn_cpu_kernels::features().forced_portable);
-        portable_matches_the_references();
-    });
+/// `bf16` values against Flex's `f32` result rounded to `bf16`, bit for bit.
+fn assert_bf16_rounded<const D: usize>(what: &str, got: &[bf16], want: Tensor<Flex, D>) {
+    let want = want.into_data().convert_dtype(DType::BF16);
+    let want: Vec<u16> = want.iter::<bf16>().map(bf16::to_bits).collect();
+    let got: Vec<u16> = got.iter().map(|v| v.to_bits()).collect();
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+    assert_eq!(differ, 0, "{what}: {differ} of {} values differ", got.len());
 }
 
-fn portable_matches_the_references() {
-    // The f32 paths FastFlex owns, on their portable kernels, against Flex's.
-    {
-        use burn::tensor::activation::gelu;
-        let data = TensorData::new(values(3 * 7 * 40, 60), [3, 7, 40]);
-        let x = Tensor::<FastFlex, 3>::from_data(data.clone(), &DEVICE) * 4.0;
-        let x32 = Tensor::<Flex, 3>::from_data(data, &DEVICE) * 4.0;
-        let w = TensorData::new(values(40 * 9, 61), [40, 9]);
-        let linear =
-            burn::tensor::module::linear(x.clone(), Tensor::from_data(w.clone(), &DEVICE), None);
-        let linear32 =
-            burn::tensor::module::linear(x32.clone(), Tensor::from_data(w, &DEVICE), None);
-        let cases: [(&str, Tensor<FastFlex, 3>, Tensor<Flex, 3>); 4] = [
-            ("linear", linear, linear32),
-            ("gelu", gelu(x.clone()), gelu(x32.clone())),
-            ("exp", x.clone().exp(), x32.clone().exp()),
-            ("softmax", softmax(x.clone(), 2), softmax(x32.clone(), 2)),
-        ];
-        for (what, got, want) in cases {
-            crate::close::assert_close_within(got.into_data(), want.into_data(), 1e-5, what);
-        }
+/// What `FastFlex` computes, on the kernels' portable paths, in this process (their `_on`
+/// forms on `Isa::PORTABLE`; `FastFlex` itself runs this CPU's): the `f32` functions and
+/// rows against Flex's, `FastFlex`'s `f32` `linear` (whose 21 rows take the `gemm` path on
+/// every CPU) against Flex's, the `bf16` element-wise path (widened, computed and rounded
+/// through `f32` on the portable conversions) against Flex's `f32` result rounded once, and
+/// `FastFlex`'s casts against the portable conversions, bit for bit.
+#[test]
+fn the_portable_paths_match_the_references() {
+    use burn::tensor::activation::gelu;
+    use burn_cpu_kernels::{Isa, convert, math};
+    let shape = [3, 7, 40];
+    let data = TensorData::new(values(3 * 7 * 40, 60), shape);
+    let x = Tensor::<FastFlex, 3>::from_data(data.clone(), &DEVICE) * 4.0;
+    let x32 = Tensor::<Flex, 3>::from_data(data, &DEVICE) * 4.0;
+    let w = TensorData::new(values(40 * 9, 61), [40, 9]);
+    let linear = burn::tensor::module::linear(x, Tensor::from_data(w.clone(), &DEVICE), None);
+    let linear32 = burn::tensor::module::linear(x32.clone(), Tensor::from_data(w, &DEVICE), None);
+    crate::close::assert_close_within(linear.into_data(), linear32.into_data(), 1e-5, "linear");
+    let x_values: Vec<f32> = x32.clone().into_data().to_vec().unwrap();
+    let portable = |f: &dyn Fn(&mut [f32])| {
+        let mut v = x_values.clone();
+        f(&mut v);
+        TensorData::new(v, shape)
+    };
+    let map = |func| move |v: &mut [f32]| math::map_in_place_on(Isa::PORTABLE, func, v);
+    let cases: [(&str, TensorData, Tensor<Flex, 3>); 3] = [
+        ("gelu", portable(&map(math::Func::Gelu)), gelu(x32.clone())),
+        ("exp", portable(&map(math::Func::Exp)), x32.clone().exp()),
+        (
+            "softmax",
+            portable(&|v| {
+                burn_cpu_kernels::softmax::forward_rows_on(Isa::PORTABLE, false, None, v, 40, None)
+            }),
+            softmax(x32.clone(), 2),
+        ),
+    ];
+    for (what, got, want) in cases {
+        crate::close::assert_close_within(got, want.into_data(), 1e-5, what);
     }
+
     let (a, a32) = pair([19, 37], 30, DType::BF16);
-    let (b, b32) = pair([37, 23], 31, DType::BF16);
-    assert_rounded(
-        "portable add",
-        a.clone() + a.clone(),
-        a32.clone() + a32.clone(),
+    let halves: Vec<bf16> = a.clone().into_data().to_vec().unwrap();
+    let through = |f: &dyn Fn(&mut [f32])| {
+        let mut v = halves.clone();
+        convert::through_f32_on(Isa::PORTABLE, &mut v, f);
+        v
+    };
+    let sum = through(&|v| v.iter_mut().for_each(|v| *v += *v));
+    assert_bf16_rounded("portable add", &sum, a32.clone() + a32.clone());
+    let exp = through(&map(math::Func::Exp));
+    assert_bf16_rounded("portable exp", &exp, a32.clone().exp());
+
+    // FastFlex's casts are the portable conversions' bits.
+    let wide: Vec<f32> = a.clone().cast(DType::F32).into_data().to_vec().unwrap();
+    let mut want = vec![0.0f32; halves.len()];
+    convert::bf16_to_f32_on(Isa::PORTABLE, &halves, &mut want);
+    assert!(
+        wide.iter()
+            .zip(&want)
+            .all(|(g, w)| g.to_bits() == w.to_bits())
     );
-    assert_rounded("portable exp", a.clone().exp(), a32.clone().exp());
-    let got = a.matmul(b).cast(DType::F32).into_data();
-    let want = a32
-        .cast(DType::F64)
-        .matmul(b32.cast(DType::F64))
-        .into_data();
-    for (g, w) in got.iter::<f64>().zip(want.iter::<f64>()) {
-        assert!(
-            (g - w).abs() <= w.abs() * 2f64.powi(-8) + 1e-5,
-            "{g} against {w}"
-        );
-    }
+    let scaled = (a.cast(DType::F32) * 1.375).cast(DType::BF16);
+    let got: Vec<bf16> = scaled.into_data().to_vec().unwrap();
+    let unrounded: Vec<f32> = wide.iter().map(|v| v * 1.375).collect();
+    let mut want = vec![bf16::ZERO; unrounded.len()];
+    convert::f32_to_bf16_on(Isa::PORTABLE, &unrounded, &mut want);
+    assert!(
+        got.iter()
+            .zip(&want)
+            .all(|(g, w)| g.to_bits() == w.to_bits())
+    );
 }

@@ -284,7 +284,12 @@ fn the_portable_int8_layer_follows_its_f32_layer() {
     let sketched = SkLinearConfig::new(k, n, 2, 3).init::<B>(&device);
     let x = Tensor::<B, 2>::from_data(TensorData::new(xs, [m, k]), &device);
     let cases = [
-        ("dense", 0.02, Int8Linear::from_linear(&dense), dense.forward(x.clone())),
+        (
+            "dense",
+            0.02,
+            Int8Linear::from_linear(&dense),
+            dense.forward(x.clone()),
+        ),
         (
             "sketched",
             0.03,
@@ -297,7 +302,10 @@ fn the_portable_int8_layer_follows_its_f32_layer() {
             let gap = relative_gap(layer.forward_on(isa, x.clone()), want.clone());
             assert!(gap < tolerance, "{what} {isa:?}: {gap}");
             let fused = layer.forward_activated_on(isa, x.clone(), Activation::Gelu);
-            let gap = relative_gap(fused, Activation::Gelu.apply(layer.forward_on(isa, x.clone())));
+            let gap = relative_gap(
+                fused,
+                Activation::Gelu.apply(layer.forward_on(isa, x.clone())),
+            );
             assert!(gap <= 1e-6, "{what} {isa:?} GELU: {gap}");
         }
         let gap = relative_gap(

@@ -5,6 +5,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod bf16;
+pub(crate) mod convert;
 pub(crate) mod int8;
 pub(crate) mod math;
 pub(crate) mod peak;

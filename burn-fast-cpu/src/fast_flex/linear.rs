@@ -6,206 +6,177 @@
 //! batch. Here the leading dimensions of `x` are flattened into the rows of one product, the
 //! bias is the product's starting value, and the weight gradient is one product of depth
 //! `batch · seq` rather than a product per sequence summed afterwards.
+//!
+//! Each function computes operands of one float type, `f32`, `bf16` or `f16` (`f16` as `f32`,
+//! rounded once); other operands come back as their [`FastPath`]'s `Err`.
 
-use burn::backend::flex::{FlexTensor, Layout};
-use burn::tensor::{Bytes, DType, Shape};
-use half::{bf16, f16};
+use burn::backend::flex::FlexTensor;
+use burn::tensor::DType;
+use half::bf16;
 
-use burn_cpu_kernels::StoredFloat;
-use burn_cpu_kernels::{MatRef, sgemm};
+use burn_cpu_kernels::{MatRef, StoredFloat, sgemm};
 
-use super::convert;
+use super::{FastPath, convert, f32_values, via_f32};
+use crate::flex_view::{self, Flattened};
+
+/// Whether `FastFlex`'s own `linear` computes these operands: one float type of ours for all
+/// (`f64`, and mixed types, take the composition on Flex's operations).
+fn computes(tensors: &[&FlexTensor]) -> bool {
+    let dtype = tensors[0].dtype();
+    matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
+        && tensors.iter().all(|t| t.dtype() == dtype)
+}
 
 /// `x · weight + bias` for `x: [..., d_in]`, `weight: [d_in, d_out]`, `bias: [d_out]`; the
-/// output is `[..., d_out]`, contiguous, in `x`'s type. `f16` runs as `f32` and rounds once.
-pub(super) fn forward(x: FlexTensor, weight: FlexTensor, bias: Option<FlexTensor>) -> FlexTensor {
-    let dtype = x.dtype();
+/// output is `[..., d_out]`, contiguous, in `x`'s type.
+pub(super) fn forward(
+    x: FlexTensor,
+    weight: FlexTensor,
+    bias: Option<FlexTensor>,
+) -> FastPath<(FlexTensor, FlexTensor, Option<FlexTensor>)> {
+    let mut operands = vec![&x, &weight];
+    operands.extend(bias.as_ref());
+    if !computes(&operands) {
+        return Err((x, weight, bias));
+    }
+    Ok(match x.dtype() {
+        DType::BF16 => forward_bf16(&x, &weight, bias.as_ref()),
+        DType::F16 => via_f32([x, weight], |[x, weight]| {
+            forward_f32(&x, &weight, bias.map(super::to_f32).as_ref())
+        }),
+        _ => forward_f32(&x, &weight, bias.as_ref()),
+    })
+}
+
+/// The `[m, d_in]` rows of `x`, `d_out` and the output's dimensions.
+fn forward_dims(x: &FlexTensor, weight: &FlexTensor) -> (Flattened, usize, Vec<usize>) {
     let dims = x.layout().shape().to_vec();
     let k = *dims.last().expect("linear of a rank-0 tensor");
-    let [k_w, n] = matrix_dims(&weight);
+    let [k_w, n] = matrix_dims(weight);
     assert_eq!(k, k_w, "linear: input width {k}, weight rows {k_w}");
-    let m = leading(&dims);
-    let mut out_dims = dims.clone();
+    let mut out_dims = dims;
     *out_dims.last_mut().expect("rank ≥ 1") = n;
-    match dtype {
-        DType::F32 => {
-            let mut dst = vec![0.0f32; m * n];
-            let bias = bias.map(|b| super::f32_values(&b));
-            product_f32(
-                &mut dst,
-                n,
-                &rows(&x, m, k),
-                &plain(&weight),
-                bias.as_deref(),
-            );
-            tensor(dst, out_dims, DType::F32)
-        }
-        DType::BF16 => {
-            // The bias is the product's starting value; the sum rounds once, as it stores.
-            let mut dst = start_value::<bf16>(bias.as_ref(), m, n);
-            let accumulate = bias.is_some();
-            product_bf16(&mut dst, n, &rows(&x, m, k), &plain(&weight), accumulate);
-            half_tensor(dst, out_dims)
-        }
-        DType::F16 => {
-            let out = forward(
-                super::to_f32(x),
-                super::to_f32(weight),
-                bias.map(super::to_f32),
-            );
-            super::from_f32(out, burn_backend::FloatDType::F16)
-        }
-        other => panic!("FastFlex's linear: unsupported float type {other:?}"),
-    }
+    (Flattened::new(x), n, out_dims)
+}
+
+fn forward_f32(x: &FlexTensor, weight: &FlexTensor, bias: Option<&FlexTensor>) -> FlexTensor {
+    let (rows, n, out_dims) = forward_dims(x, weight);
+    let mut dst = vec![0.0f32; rows.shape()[0] * n];
+    let bias = bias.map(f32_values);
+    let w = flex_view::matrix::<f32>(weight);
+    product_f32(&mut dst, n, rows.view(), w, bias.as_deref());
+    flex_view::tensor(dst, out_dims)
+}
+
+fn forward_bf16(x: &FlexTensor, weight: &FlexTensor, bias: Option<&FlexTensor>) -> FlexTensor {
+    let (rows, n, out_dims) = forward_dims(x, weight);
+    // The bias is the product's starting value; the sum rounds once, as it stores.
+    let mut dst = start_value::<bf16>(bias, rows.shape()[0], n);
+    let w = flex_view::matrix::<bf16>(weight);
+    product_bf16(&mut dst, n, rows.view(), w, bias.is_some());
+    flex_view::tensor(dst, out_dims)
 }
 
 /// `output_grad · weightᵀ`: `[..., d_out] → [..., d_in]`.
-pub(super) fn x_backward(weight: FlexTensor, output_grad: FlexTensor) -> FlexTensor {
+pub(super) fn x_backward(
+    weight: FlexTensor,
+    output_grad: FlexTensor,
+) -> FastPath<(FlexTensor, FlexTensor)> {
+    if !computes(&[&weight, &output_grad]) {
+        return Err((weight, output_grad));
+    }
+    Ok(match output_grad.dtype() {
+        DType::BF16 => x_backward_in::<bf16>(&weight, &output_grad),
+        DType::F16 => via_f32([weight, output_grad], |[weight, output_grad]| {
+            x_backward_in::<f32>(&weight, &output_grad)
+        }),
+        _ => x_backward_in::<f32>(&weight, &output_grad),
+    })
+}
+
+fn x_backward_in<E: Product>(weight: &FlexTensor, output_grad: &FlexTensor) -> FlexTensor {
     let dims = output_grad.layout().shape().to_vec();
     let n = *dims.last().expect("linear gradient of rank 0");
-    let [k, n_w] = matrix_dims(&weight);
+    let [k, n_w] = matrix_dims(weight);
     assert_eq!(
         n, n_w,
         "linear_x_backward: gradient width {n}, weight columns {n_w}"
     );
-    let m = leading(&dims);
-    let mut out_dims = dims.clone();
+    let g = Flattened::new(output_grad);
+    let mut out_dims = dims;
     *out_dims.last_mut().expect("rank ≥ 1") = k;
-    let transposed = |w: &Operand| Operand {
-        tensor: w.tensor.clone(),
-        view: View {
-            offset: w.view.offset,
-            shape: [w.view.shape[1], w.view.shape[0]],
-            strides: [w.view.strides[1], w.view.strides[0]],
-        },
-    };
-    match output_grad.dtype() {
-        DType::F32 => {
-            let mut dst = vec![0.0f32; m * k];
-            let g = rows(&output_grad, m, n);
-            product_f32(&mut dst, k, &g, &transposed(&plain(&weight)), None);
-            tensor(dst, out_dims, DType::F32)
-        }
-        DType::BF16 => {
-            let mut dst = vec![bf16::ZERO; m * k];
-            let g = rows(&output_grad, m, n);
-            product_bf16(&mut dst, k, &g, &transposed(&plain(&weight)), false);
-            half_tensor(dst, out_dims)
-        }
-        DType::F16 => super::from_f32(
-            x_backward(super::to_f32(weight), super::to_f32(output_grad)),
-            burn_backend::FloatDType::F16,
-        ),
-        other => panic!("FastFlex's linear: unsupported float type {other:?}"),
-    }
+    let mut dst = vec![E::default(); g.shape()[0] * k];
+    E::product(&mut dst, k, g.view(), flex_view::matrix(weight).t());
+    flex_view::tensor(dst, out_dims)
 }
 
 /// `xᵀ · output_grad` over every leading position at once: `[d_in, d_out]`.
-pub(super) fn weight_backward(x: FlexTensor, output_grad: FlexTensor) -> FlexTensor {
+pub(super) fn weight_backward(
+    x: FlexTensor,
+    output_grad: FlexTensor,
+) -> FastPath<(FlexTensor, FlexTensor)> {
+    if !computes(&[&x, &output_grad]) {
+        return Err((x, output_grad));
+    }
+    Ok(match output_grad.dtype() {
+        DType::BF16 => weight_backward_in::<bf16>(&x, &output_grad),
+        DType::F16 => via_f32([x, output_grad], |[x, output_grad]| {
+            weight_backward_in::<f32>(&x, &output_grad)
+        }),
+        _ => weight_backward_in::<f32>(&x, &output_grad),
+    })
+}
+
+fn weight_backward_in<E: Product>(x: &FlexTensor, output_grad: &FlexTensor) -> FlexTensor {
     let x_dims = x.layout().shape().to_vec();
     let g_dims = output_grad.layout().shape().to_vec();
     let k = *x_dims.last().expect("linear input of rank 0");
     let n = *g_dims.last().expect("linear gradient of rank 0");
-    let m = leading(&x_dims);
     assert_eq!(
-        m,
+        leading(&x_dims),
         leading(&g_dims),
         "linear_weight_backward: {x_dims:?} and {g_dims:?}"
     );
-    let transposed = |o: Operand| Operand {
-        tensor: o.tensor,
-        view: View {
-            offset: o.view.offset,
-            shape: [o.view.shape[1], o.view.shape[0]],
-            strides: [o.view.strides[1], o.view.strides[0]],
-        },
-    };
-    match output_grad.dtype() {
-        DType::F32 => {
-            let mut dst = vec![0.0f32; k * n];
-            let (xt, g) = (transposed(rows(&x, m, k)), rows(&output_grad, m, n));
-            product_f32(&mut dst, n, &xt, &g, None);
-            tensor(dst, vec![k, n], DType::F32)
-        }
-        DType::BF16 => {
-            let mut dst = vec![bf16::ZERO; k * n];
-            let (xt, g) = (transposed(rows(&x, m, k)), rows(&output_grad, m, n));
-            product_bf16(&mut dst, n, &xt, &g, false);
-            half_tensor(dst, vec![k, n])
-        }
-        DType::F16 => super::from_f32(
-            weight_backward(super::to_f32(x), super::to_f32(output_grad)),
-            burn_backend::FloatDType::F16,
-        ),
-        other => panic!("FastFlex's linear: unsupported float type {other:?}"),
-    }
+    let (x, g) = (Flattened::new(x), Flattened::new(output_grad));
+    let mut dst = vec![E::default(); k * n];
+    E::product(&mut dst, n, x.view().t(), g.view());
+    flex_view::tensor(dst, vec![k, n])
 }
 
 /// The sum of `output_grad` over every leading position: `[d_out]`, accumulated in `f32`
-/// (`f64` for `f64`) as Flex's sums are.
-pub(super) fn bias_backward(output_grad: FlexTensor) -> FlexTensor {
+/// as Flex's sums are.
+pub(super) fn bias_backward(output_grad: FlexTensor) -> FastPath<FlexTensor> {
+    let dtype = output_grad.dtype();
+    if !computes(&[&output_grad]) {
+        return Err(output_grad);
+    }
     let dims = output_grad.layout().shape().to_vec();
     let n = *dims.last().expect("linear gradient of rank 0");
-    let m = leading(&dims);
-    let dtype = output_grad.dtype();
-    let g = match dtype {
-        DType::BF16 | DType::F16 => super::to_f32(output_grad),
-        DType::F32 => output_grad,
-        other => panic!("FastFlex's linear: unsupported float type {other:?}"),
-    };
-    let g = rows(&g, m, n);
-    let values = g.tensor.storage::<f32>();
+    let g = Flattened::new(&super::to_f32(output_grad));
+    let view = g.view::<f32>();
     let mut sums = vec![0.0f32; n];
-    let v = g.view;
-    for i in 0..m {
-        let row = (v.offset as isize + i as isize * v.strides[0]) as usize;
-        if v.strides[1] == 1 {
-            for (sum, value) in sums.iter_mut().zip(&values[row..row + n]) {
-                *sum += value;
+    for i in 0..g.shape()[0] {
+        match g.row::<f32>(i) {
+            Some(row) => {
+                for (sum, value) in sums.iter_mut().zip(row) {
+                    *sum += value;
+                }
             }
-        } else {
-            for (j, sum) in sums.iter_mut().enumerate() {
-                *sum += values[(row as isize + j as isize * v.strides[1]) as usize];
+            None => {
+                for (j, sum) in sums.iter_mut().enumerate() {
+                    *sum += view.at(i, j);
+                }
             }
         }
     }
-    match dtype {
-        DType::BF16 => narrow_bf16(sums, vec![n]),
+    Ok(match dtype {
+        DType::BF16 => convert::narrow::<bf16>(&flex_view::tensor(sums, [n])),
         DType::F16 => {
-            let values: Vec<f16> = sums.iter().map(|&v| f16::from_f32(v)).collect();
-            FlexTensor::new(
-                Bytes::from_elems(values),
-                Layout::contiguous(Shape::from(vec![n])),
-                DType::F16,
-            )
+            let values: Vec<half::f16> = sums.iter().map(|&v| half::f16::from_f32(v)).collect();
+            flex_view::tensor(values, [n])
         }
-        _ => tensor(sums, vec![n], DType::F32),
-    }
-}
-
-/// A 2-D strided view of a tensor's buffer, in elements.
-#[derive(Clone, Copy, Debug)]
-struct View {
-    offset: usize,
-    shape: [usize; 2],
-    strides: [isize; 2],
-}
-
-/// A tensor (kept alive for its buffer) and a 2-D view of it.
-struct Operand {
-    tensor: FlexTensor,
-    view: View,
-}
-
-impl Operand {
-    fn mat<E: burn::tensor::Element + bytemuck::Pod>(&self) -> MatRef<'_, E> {
-        MatRef::strided(
-            self.tensor.storage::<E>(),
-            self.view.offset,
-            self.view.shape,
-            self.view.strides,
-        )
-    }
+        _ => flex_view::tensor(sums, [n]),
+    })
 }
 
 /// The product of all but the last dimension.
@@ -223,79 +194,12 @@ fn matrix_dims(weight: &FlexTensor) -> [usize; 2] {
     [shape[0], shape[1]]
 }
 
-/// A 2-D tensor as it is (any strides).
-fn plain(tensor: &FlexTensor) -> Operand {
-    let layout = tensor.layout();
-    let s = layout.strides();
-    Operand {
-        tensor: tensor.clone(),
-        view: View {
-            offset: layout.start_offset(),
-            shape: [layout.shape()[0], layout.shape()[1]],
-            strides: [s[0], s[1]],
-        },
-    }
-}
-
-/// `tensor` (`[..., cols]`) as an `m × cols` matrix: a view of its buffer where its leading
-/// dimensions collapse into one stride (contiguous, sliced rows, a transposed last pair
-/// excepted), else a contiguous copy.
-fn rows(tensor: &FlexTensor, m: usize, cols: usize) -> Operand {
-    let layout = tensor.layout();
-    let dims = layout.shape().to_vec();
-    let strides = layout.strides();
-    let rank = dims.len();
-    // The leading dimensions collapse into one row stride when each (of size > 1) steps
-    // by the next one's stride times its size.
-    let outer: Vec<usize> = (0..rank.saturating_sub(1))
-        .filter(|&d| dims[d] != 1)
-        .collect();
-    let collapses = outer
-        .windows(2)
-        .all(|pair| strides[pair[0]] == strides[pair[1]] * dims[pair[1]] as isize);
-    let mut row_stride = match outer.last() {
-        Some(&d) if collapses => Some(strides[d]),
-        Some(_) => None,
-        None => Some(cols as isize),
-    };
-    // A single row has no row stride to honour.
-    if m <= 1 {
-        row_stride = Some(cols as isize);
-    }
-    let col_stride = if rank >= 1 { strides[rank - 1] } else { 1 };
-    let usable = row_stride.is_some_and(|r| r >= 0) && col_stride >= 0;
-    if usable {
-        let row = row_stride.expect("checked");
-        return Operand {
-            tensor: tensor.clone(),
-            view: View {
-                offset: layout.start_offset(),
-                shape: [m, cols],
-                strides: [row, col_stride],
-            },
-        };
-    }
-    let contiguous = super::copy::contiguous(tensor);
-    let offset = contiguous.layout().start_offset();
-    Operand {
-        tensor: contiguous,
-        view: View {
-            offset,
-            shape: [m, cols],
-            strides: [cols as isize, 1],
-        },
-    }
-}
-
 /// The product's starting value: the bias in every row, or zeros.
 fn start_value<O: StoredFloat>(bias: Option<&FlexTensor>, m: usize, n: usize) -> Vec<O> {
     let Some(bias) = bias else {
         return vec![O::from_f32(0.0); m * n];
     };
-    let b: Vec<O> = super::f32_values(bias)
-        .into_iter()
-        .map(O::from_f32)
-        .collect();
+    let b: Vec<O> = f32_values(bias).into_iter().map(O::from_f32).collect();
     let mut dst = Vec::with_capacity(m * n);
     for _ in 0..m {
         dst.extend_from_slice(&b);
@@ -303,11 +207,35 @@ fn start_value<O: StoredFloat>(bias: Option<&FlexTensor>, m: usize, n: usize) ->
     dst
 }
 
+/// An element type of the backward products: `f32` on [`product_f32`], `bf16` on
+/// [`product_bf16`].
+trait Product: flex_view::FlexFloat {
+    /// `dst = lhs · rhs`, rows of `stride`.
+    fn product(dst: &mut [Self], stride: usize, lhs: MatRef<'_, Self>, rhs: MatRef<'_, Self>);
+}
+
+impl Product for f32 {
+    fn product(dst: &mut [Self], stride: usize, lhs: MatRef<'_, Self>, rhs: MatRef<'_, Self>) {
+        product_f32(dst, stride, lhs, rhs, None);
+    }
+}
+
+impl Product for bf16 {
+    fn product(dst: &mut [Self], stride: usize, lhs: MatRef<'_, Self>, rhs: MatRef<'_, Self>) {
+        product_bf16(dst, stride, lhs, rhs, false);
+    }
+}
+
 /// `dst = lhs · rhs (+ bias)` in `f32`, rows of `stride`, on
 /// [`sgemm`](burn_cpu_kernels::sgemm) (the bias added in the product's store), or on its
-/// `gemm` path (the bias a second pass) for up to [`SMALL_M`] rows.
-fn product_f32(dst: &mut [f32], stride: usize, lhs: &Operand, rhs: &Operand, bias: Option<&[f32]>) {
-    let (a, b) = (lhs.mat::<f32>(), rhs.mat::<f32>());
+/// `gemm` path (the bias a second pass) for up to [`STREAMED_WEIGHT_ROWS`] rows.
+fn product_f32(
+    dst: &mut [f32],
+    stride: usize,
+    a: MatRef<'_, f32>,
+    b: MatRef<'_, f32>,
+    bias: Option<&[f32]>,
+) {
     if a.shape()[0] == 0 || b.shape()[1] == 0 {
         return;
     }
@@ -315,7 +243,8 @@ fn product_f32(dst: &mut [f32], stride: usize, lhs: &Operand, rhs: &Operand, bia
         bias,
         ..Default::default()
     };
-    let isa = if a.shape()[0] <= SMALL_M {
+    // `sgemm`'s portable path is `gemm` (with its own AVX-512 kernels) and a bias pass.
+    let isa = if a.shape()[0] <= STREAMED_WEIGHT_ROWS {
         burn_cpu_kernels::Isa::PORTABLE
     } else {
         burn_cpu_kernels::Isa::detected()
@@ -323,43 +252,23 @@ fn product_f32(dst: &mut [f32], stride: usize, lhs: &Operand, rhs: &Operand, bia
     sgemm::matmul_on(isa, dst, stride, a, b, epilogue, true);
 }
 
-/// Rows up to which `linear`'s `f32` product takes `sgemm`'s `gemm` path: with a few
-/// rows a forward streams its weights from memory (a 6-layer encoder's are 42 MB, more than
-/// the L3), and `gemm`'s order of reading them beat `sgemm`'s column panels in the model
-/// (`encoder_bench`, 1 × 16: 4.7 against 5.9 ms) though not on a weight already in cache.
-const SMALL_M: usize = 64;
+/// Rows up to which `linear`'s `f32` product takes `sgemm`'s `gemm` path rather than its
+/// micro-kernel. With this few rows a model's forward streams its weights from memory (a
+/// stack of layers' weights does not fit in the last-level cache), and `gemm`'s order of
+/// reading a weight beats `sgemm`'s column panels there, though not on a weight already in
+/// cache.
+const STREAMED_WEIGHT_ROWS: usize = 64;
 
 /// `dst (+)= lhs · rhs` of `bf16` operands, accumulated in `f32` and rounded once to `O`.
 fn product_bf16<O: StoredFloat>(
     dst: &mut [O],
     stride: usize,
-    lhs: &Operand,
-    rhs: &Operand,
+    a: MatRef<'_, bf16>,
+    b: MatRef<'_, bf16>,
     accumulate: bool,
 ) {
-    let (a, b) = (lhs.mat::<bf16>(), rhs.mat::<bf16>());
     if a.shape()[0] == 0 || b.shape()[1] == 0 || a.shape()[1] == 0 {
         return;
     }
     burn_cpu_kernels::bf16::matmul(dst, stride, a, b, 1.0, accumulate, true);
-}
-
-fn tensor(values: Vec<f32>, dims: Vec<usize>, dtype: DType) -> FlexTensor {
-    FlexTensor::new(
-        Bytes::from_elems(values),
-        Layout::contiguous(Shape::from(dims)),
-        dtype,
-    )
-}
-
-fn half_tensor(values: Vec<bf16>, dims: Vec<usize>) -> FlexTensor {
-    FlexTensor::new(
-        Bytes::from_elems(values),
-        Layout::contiguous(Shape::from(dims)),
-        DType::BF16,
-    )
-}
-
-fn narrow_bf16(values: Vec<f32>, dims: Vec<usize>) -> FlexTensor {
-    convert::narrow::<bf16>(&tensor(values, dims, DType::F32))
 }

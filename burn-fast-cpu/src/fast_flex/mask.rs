@@ -4,33 +4,30 @@
 //! mask row by the mask's strides (0 on a broadcast dimension), and a tensor no one else
 //! holds is filled in place.
 
-use burn::backend::flex::{FlexTensor, Layout};
-use burn::tensor::{Bytes, DType};
+use burn::backend::flex::FlexTensor;
+use burn::tensor::DType;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::copy::{broadcast_strides, offset};
+use super::FastPath;
+use crate::flex_view::{self, FlexFloat, broadcast_strides, offset};
 
 /// Rows per rayon task.
 const ROWS: usize = 256;
 
-/// `tensor` with `value` wherever `mask` (broadcast to its shape) is true, or `None` where
-/// this path does not apply (the mask's rank or shape does not broadcast onto the tensor's,
-/// a mask stored as `u32`, `f64`): then Flex's runs.
-pub(super) fn mask_fill(
-    tensor: FlexTensor,
-    mask: &FlexTensor,
-    value: f64,
-) -> Result<FlexTensor, FlexTensor> {
+/// `tensor` with `value` wherever `mask` (broadcast to its shape) is true; where this path
+/// does not apply (the mask's rank or shape does not broadcast onto the tensor's, a mask
+/// stored as `u32`, an empty tensor, `f64`) the tensor comes back as the `Err`.
+pub(super) fn mask_fill(tensor: FlexTensor, mask: &FlexTensor, value: f64) -> FastPath<FlexTensor> {
     let dims = tensor.layout().shape().to_vec();
     let mask_dims = mask.layout().shape().to_vec();
-    let bytes = matches!(
-        mask.dtype(),
-        DType::Bool(burn_backend::BoolStore::Native | burn_backend::BoolStore::U8)
-    );
     let broadcasts = mask_dims.len() == dims.len()
         && mask_dims.iter().zip(&dims).all(|(&m, &t)| m == t || m == 1);
-    if !bytes || !broadcasts || dims.is_empty() || dims.iter().product::<usize>() == 0 {
+    if !flex_view::is_byte_mask(mask)
+        || !broadcasts
+        || dims.is_empty()
+        || dims.iter().product::<usize>() == 0
+    {
         return Err(tensor);
     }
     match tensor.dtype() {
@@ -41,11 +38,7 @@ pub(super) fn mask_fill(
     }
 }
 
-fn fill<T: burn::tensor::Element + bytemuck::Pod + Send + Sync>(
-    tensor: FlexTensor,
-    mask: &FlexTensor,
-    value: T,
-) -> FlexTensor {
+fn fill<T: FlexFloat>(tensor: FlexTensor, mask: &FlexTensor, value: T) -> FlexTensor {
     let dims = tensor.layout().shape().to_vec();
     let rank = dims.len();
     let n = dims[rank - 1];
@@ -80,18 +73,15 @@ fn fill<T: burn::tensor::Element + bytemuck::Pod + Send + Sync>(
     let mut out = if tensor.is_unique() && tensor.layout().is_contiguous() {
         tensor
     } else {
-        super::copy::contiguous(&tensor)
+        flex_view::contiguous(&tensor)
     };
-    let start = out.layout().start_offset();
-    let len = out.layout().num_elements();
-    if let Some(values) = out.try_storage_mut::<T>() {
-        fill_rows(&mut values[start..start + len], n, &fill_row);
+    if let Some(values) = flex_view::values_mut::<T>(&mut out) {
+        fill_rows(values, n, &fill_row);
         return out;
     }
-    let mut values = out.storage::<T>()[start..start + len].to_vec();
+    let mut values = flex_view::values::<T>(&out).expect("contiguous").to_vec();
     fill_rows(&mut values, n, &fill_row);
-    let layout = Layout::contiguous(out.layout().shape().clone());
-    FlexTensor::new(Bytes::from_elems(values), layout, out.dtype())
+    flex_view::tensor(values, out.layout().shape().clone())
 }
 
 fn fill_rows<T: Send>(values: &mut [T], n: usize, fill_row: &(impl Fn(usize, &mut [T]) + Sync)) {

@@ -2,14 +2,13 @@
 //! [`cpu::bf16::matmul`](burn_cpu_kernels::bf16::matmul), many small `f32` products (attention's
 //! heads) on [`sgemm`](burn_cpu_kernels::sgemm), read through the operands' strides.
 
-use burn::backend::flex::{FlexTensor, Layout};
-use burn::tensor::{Bytes, DType, Shape};
+use burn::backend::flex::FlexTensor;
 use half::bf16;
 use rayon::prelude::*;
 
 use burn_cpu_kernels::MatRef;
 
-use super::copy::{broadcast_strides, offset};
+use crate::flex_view::{self, FlexFloat, Matrices};
 
 /// `lhs · rhs` of two `bf16` tensors of rank ≥ 2 (`[…, m, k] · […, k, n]`, the leading
 /// dimensions broadcast as Burn's `matmul` does), accumulated in `f32` and rounded once.
@@ -18,7 +17,7 @@ use super::copy::{broadcast_strides, offset};
 /// If the ranks or inner dimensions differ or the leading dimensions do not broadcast (Burn's
 /// `Tensor::matmul` checks these before a backend sees the call).
 pub(super) fn bf16(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
-    batched::<bf16>(lhs, rhs, DType::BF16, |dst, n, x, y, parallel| {
+    batched::<bf16>(lhs, rhs, |dst, n, x, y, parallel| {
         burn_cpu_kernels::bf16::matmul(dst, n, x, y, 1.0, false, parallel);
     })
 }
@@ -29,7 +28,7 @@ pub(super) fn bf16(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
 /// whose set-up costs more than such a small product.
 pub(super) fn f32_batched(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
     use burn_cpu_kernels::sgemm;
-    batched::<f32>(lhs, rhs, DType::F32, |dst, n, x, y, parallel| {
+    batched::<f32>(lhs, rhs, |dst, n, x, y, parallel| {
         if parallel {
             sgemm::matmul(dst, n, x, y, sgemm::Epilogue::default(), true);
         } else {
@@ -41,10 +40,9 @@ pub(super) fn f32_batched(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
 
 /// `lhs · rhs` with the leading dimensions broadcast, `product(dst, n, x, y, parallel)` per
 /// pair of matrices.
-fn batched<E: burn::tensor::Element + bytemuck::Pod + Default + Send + Sync>(
+fn batched<E: FlexFloat>(
     lhs: &FlexTensor,
     rhs: &FlexTensor,
-    dtype: DType,
     product: impl Fn(&mut [E], usize, MatRef<'_, E>, MatRef<'_, E>, bool) + Sync,
 ) -> FlexTensor {
     let (a, b) = (lhs.layout(), rhs.layout());
@@ -80,20 +78,9 @@ fn batched<E: burn::tensor::Element + bytemuck::Pod + Default + Send + Sync>(
     dims.extend([m, n]);
     let mut values = vec![E::default(); batches * m * n];
     if m * n > 0 && k > 0 {
-        let (lhs_data, rhs_data) = (lhs.storage::<E>(), rhs.storage::<E>());
-        let (a_strides, b_strides) = (broadcast_strides(a), broadcast_strides(b));
+        let (x, y) = (Matrices::<E>::new(lhs), Matrices::<E>::new(rhs));
         let one = |index: usize, dst: &mut [E], parallel: bool| {
-            let view = |data, layout: &Layout, strides: &[isize], rows, cols| {
-                MatRef::strided(
-                    data,
-                    offset(&batch, &strides[..rank - 2], layout.start_offset(), index),
-                    [rows, cols],
-                    [strides[rank - 2], strides[rank - 1]],
-                )
-            };
-            let x = view(lhs_data, a, &a_strides, m, k);
-            let y = view(rhs_data, b, &b_strides, k, n);
-            product(dst, n, x, y, parallel);
+            product(dst, n, x.get(&batch, index), y.get(&batch, index), parallel);
         };
         // Many small products (attention's heads): one per thread; few large ones: each on
         // all threads.
@@ -108,9 +95,5 @@ fn batched<E: burn::tensor::Element + bytemuck::Pod + Default + Send + Sync>(
             }
         }
     }
-    FlexTensor::new(
-        Bytes::from_elems(values),
-        Layout::contiguous(Shape::from(dims)),
-        dtype,
-    )
+    flex_view::tensor(values, dims)
 }

@@ -1,8 +1,16 @@
 //! [`FastFlex`]: Flex, with the operations models spend their time in computed here, one
 //! module per concept: [`linear`](mod@linear), [`matmul`](mod@matmul), [`attention`](mod@attention),
-//! [`elementwise`](mod@elementwise), [`rows`](mod@rows) (softmax, layer norm), [`mask`](mod@mask),
-//! [`copy`](mod@copy) and [`convert`](mod@convert) (`f32` ↔ half). The forwarding of Burn's
-//! operation traits to Flex is generated ([`ops`], by `cargo backend-ops`).
+//! [`elementwise`](mod@elementwise), [`rows`](mod@rows) (softmax, layer norm), [`mask`](mod@mask)
+//! and [`convert`](mod@convert) (`f32` ↔ half), all reading Flex's tensors through
+//! [`flex_view`](crate::flex_view). The forwarding of Burn's operation traits to Flex is
+//! generated ([`ops`], by `cargo backend-ops`).
+//!
+//! # When a fast path does not apply
+//! Every fast path that covers only some operands (an `f64` tensor, mixed types, a rank, a
+//! dimension or a mask store it does not read) returns a [`FastPath`]: `Ok` with its output,
+//! or `Err` with the operands it took by value handed back unchanged, on which the caller
+//! runs Flex's own operation. No fast path panics on a case it does not cover; the products
+//! of [`matmul`](mod@matmul) are called only for the types they compute.
 
 use burn::backend::Flex;
 use burn::backend::flex::{FlexDevice, FlexTensor};
@@ -12,9 +20,10 @@ use burn_backend::tensor::FloatTensor;
 use burn_backend::{Backend, BackendTypes, DTypeUsageSet, ExecutionError, FloatDType, TensorData};
 use half::{bf16, f16};
 
+use crate::flex_view;
+
 mod attention;
 mod convert;
-mod copy;
 mod elementwise;
 mod linear;
 mod mask;
@@ -110,6 +119,10 @@ impl TransactionOps<Self> for FastFlex {
     }
 }
 
+/// What a fast path returns: its output, or the operands it took by value (`T`), unchanged,
+/// where it does not apply (the [module docs](self) have the convention).
+type FastPath<T> = Result<FlexTensor, T>;
+
 /// The half-precision type of the first of `tensors` held in one (the type a `via_f32`
 /// operation rounds its float output to), or `None` where none is: then Flex's own
 /// operation runs unchanged.
@@ -132,10 +145,12 @@ fn to_f32(tensor: FlexTensor) -> FlexTensor {
 }
 
 /// A tensor's values as `f32`, row-major (a bias, a norm's `gamma` and `beta`).
+///
+/// # Panics
+/// If the tensor is not `f32`, `bf16` or `f16`.
 fn f32_values(tensor: &FlexTensor) -> Vec<f32> {
-    let t = copy::contiguous(&to_f32(tensor.clone()));
-    let start = t.layout().start_offset();
-    t.storage::<f32>()[start..start + t.layout().num_elements()].to_vec()
+    let t = flex_view::contiguous(&to_f32(tensor.clone()));
+    flex_view::values::<f32>(&t).expect("contiguous").to_vec()
 }
 
 /// An `f32` output rounded to `dtype` (to nearest, ties to even, as `half` rounds); any other
@@ -145,6 +160,21 @@ fn from_f32(tensor: FlexTensor, dtype: FloatDType) -> FlexTensor {
         (DType::F32, FloatDType::BF16) => convert::narrow::<bf16>(&tensor),
         (DType::F32, FloatDType::F16) => convert::narrow::<f16>(&tensor),
         _ => tensor,
+    }
+}
+
+/// `op` on `tensors` as `f32` where one of them is `bf16` or `f16`, its float output rounded
+/// once to the first one's half type: widen, compute, round back, for a whole operation (a
+/// slice's values go through [`through_f32`](burn_cpu_kernels::convert::through_f32)).
+/// Without a half-precision operand, `op` on `tensors` as they are.
+fn via_f32<const N: usize>(
+    tensors: [FlexTensor; N],
+    op: impl FnOnce([FlexTensor; N]) -> FlexTensor,
+) -> FlexTensor {
+    let refs: Vec<&FlexTensor> = tensors.iter().collect();
+    match half_dtype(&refs) {
+        Some(dtype) => from_f32(op(tensors.map(to_f32)), dtype),
+        None => op(tensors),
     }
 }
 
@@ -182,10 +212,7 @@ fn float_matmul(lhs: FloatTensor<FastFlex>, rhs: FloatTensor<FastFlex>) -> Float
     use burn_backend::ops::FloatTensorOps;
     match (lhs.dtype(), rhs.dtype()) {
         (DType::BF16, DType::BF16) => matmul::bf16(&lhs, &rhs),
-        (DType::F16, DType::F16) => from_f32(
-            Flex::float_matmul(to_f32(lhs), to_f32(rhs)),
-            FloatDType::F16,
-        ),
+        (DType::F16, DType::F16) => via_f32([lhs, rhs], |[lhs, rhs]| Flex::float_matmul(lhs, rhs)),
         // Many small products (attention's heads); 2-D products, few products and tiny ones
         // (a short sentence's heads, where `gemm` on one thread is quicker) are Flex's `gemm`.
         (DType::F32, DType::F32)
@@ -199,26 +226,15 @@ fn float_matmul(lhs: FloatTensor<FastFlex>, rhs: FloatTensor<FastFlex>) -> Float
     }
 }
 
-/// Whether `FastFlex`'s own `linear` computes these operands: one float type of ours for all
-/// (`f64`, and mixed types, take the composition on Flex's operations).
-fn own_linear(tensors: &[&FlexTensor]) -> bool {
-    let dtype = tensors[0].dtype();
-    matches!(dtype, DType::F32 | DType::BF16 | DType::F16)
-        && tensors.iter().all(|t| t.dtype() == dtype)
-}
-
-/// Burn's `linear` as one 2-D product for any rank of `x` ([`linear`](mod@linear)).
+/// Burn's `linear` as one 2-D product for any rank of `x` ([`linear`](mod@linear)); `f64`
+/// and mixed types on Flex's operations.
 fn linear(
     x: FloatTensor<FastFlex>,
     weight: FloatTensor<FastFlex>,
     bias: Option<FloatTensor<FastFlex>>,
 ) -> FloatTensor<FastFlex> {
-    let mut operands = vec![&x, &weight];
-    operands.extend(bias.as_ref());
-    if own_linear(&operands) {
-        return linear::forward(x, weight, bias);
-    }
-    flex_linear(x, weight, bias)
+    linear::forward(x, weight, bias)
+        .unwrap_or_else(|(x, weight, bias)| flex_linear(x, weight, bias))
 }
 
 /// `linear` composed of Flex's operations: `x` flattened to 2-D, one product, the bias added.
@@ -244,12 +260,11 @@ fn linear_x_backward(
     weight: FloatTensor<FastFlex>,
     output_grad: FloatTensor<FastFlex>,
 ) -> FloatTensor<FastFlex> {
-    if own_linear(&[&weight, &output_grad]) {
-        return linear::x_backward(weight, output_grad);
-    }
     use burn_backend::ops::FloatTensorOps;
-    let transposed = Flex::float_swap_dims(weight, 0, 1);
-    flex_linear(output_grad, transposed, None)
+    linear::x_backward(weight, output_grad).unwrap_or_else(|(weight, output_grad)| {
+        let transposed = Flex::float_swap_dims(weight, 0, 1);
+        flex_linear(output_grad, transposed, None)
+    })
 }
 
 /// The gradient of `linear` for its weight: one product `xᵀ · output_grad` over every
@@ -258,10 +273,11 @@ fn linear_weight_backward(
     x: FloatTensor<FastFlex>,
     output_grad: FloatTensor<FastFlex>,
 ) -> FloatTensor<FastFlex> {
-    if own_linear(&[&x, &output_grad]) {
-        return linear::weight_backward(x, output_grad);
-    }
     use burn_backend::ops::FloatTensorOps;
+    let (x, output_grad) = match linear::weight_backward(x, output_grad) {
+        Ok(grad) => return grad,
+        Err(operands) => operands,
+    };
     let dims = x.layout().shape().to_vec();
     let k = dims[dims.len() - 1];
     let m = dims[..dims.len() - 1].iter().product::<usize>();
@@ -274,10 +290,11 @@ fn linear_weight_backward(
 
 /// The gradient of `linear` for its bias: the sum over every position of the batch.
 fn linear_bias_backward(output_grad: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
-    if own_linear(&[&output_grad]) {
-        return linear::bias_backward(output_grad);
-    }
     use burn_backend::ops::FloatTensorOps;
+    let output_grad = match linear::bias_backward(output_grad) {
+        Ok(grad) => return grad,
+        Err(output_grad) => output_grad,
+    };
     let dims = output_grad.layout().shape().to_vec();
     let n = dims[dims.len() - 1];
     let m = dims[..dims.len() - 1].iter().product::<usize>();
@@ -298,7 +315,7 @@ fn gelu(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
 /// GELU's backward, vectorised as [`gelu`].
 fn gelu_backward(x: FloatTensor<FastFlex>, grad: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
     use burn_backend::ops::ActivationOps;
-    elementwise::gelu_backward(&x, &grad).unwrap_or_else(|| Flex::gelu_backward(x, grad))
+    elementwise::gelu_backward(x, grad).unwrap_or_else(|(x, grad)| Flex::gelu_backward(x, grad))
 }
 
 /// Scaled-dot-product attention fused per block of queries
@@ -313,25 +330,15 @@ fn attention(
 ) -> FloatTensor<FastFlex> {
     use burn_backend::ops::ModuleOps;
     if query.dtype() == DType::F16 {
-        let out = attention(
-            to_f32(query),
-            to_f32(key),
-            to_f32(value),
-            mask,
-            attn_bias.map(to_f32),
-            options,
-        );
-        return from_f32(out, FloatDType::F16);
+        return via_f32([query, key, value], |[query, key, value]| {
+            attention(query, key, value, mask, attn_bias.map(to_f32), options)
+        });
     }
-    attention::forward(
-        &query,
-        &key,
-        &value,
-        mask.as_ref(),
-        attn_bias.as_ref(),
-        &options,
+    attention::forward((query, key, value, mask, attn_bias), &options).unwrap_or_else(
+        |(query, key, value, mask, attn_bias)| {
+            Flex::attention(query, key, value, mask, attn_bias, options)
+        },
     )
-    .unwrap_or_else(|| Flex::attention(query, key, value, mask, attn_bias, options))
 }
 
 /// `eˣ`, vectorised; `f64` is Flex's.
@@ -357,14 +364,14 @@ fn float_tanh(tensor: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
 fn softmax(tensor: FloatTensor<FastFlex>, dim: usize) -> FloatTensor<FastFlex> {
     use burn_backend::ops::ActivationOps;
     rows::softmax(tensor, dim)
-        .unwrap_or_else(|tensor| via_f32_half(tensor, |t| Flex::softmax(t, dim)))
+        .unwrap_or_else(|tensor| via_f32([tensor], |[t]| Flex::softmax(t, dim)))
 }
 
 /// Log-softmax over the last dimension, as [`softmax`].
 fn log_softmax(tensor: FloatTensor<FastFlex>, dim: usize) -> FloatTensor<FastFlex> {
     use burn_backend::ops::ActivationOps;
     rows::log_softmax(tensor, dim)
-        .unwrap_or_else(|tensor| via_f32_half(tensor, |t| Flex::log_softmax(t, dim)))
+        .unwrap_or_else(|tensor| via_f32([tensor], |[t]| Flex::log_softmax(t, dim)))
 }
 
 /// Layer normalisation over the last dimension on the row kernels; `f64` is Flex's.
@@ -377,14 +384,6 @@ fn layer_norm(
     use burn_backend::ops::ModuleOps;
     rows::layer_norm(tensor, &gamma, beta.as_ref(), epsilon)
         .unwrap_or_else(|tensor| Flex::layer_norm(tensor, gamma, beta, epsilon))
-}
-
-/// Flex's `op` on `tensor`, through `f32` for a half-precision tensor (rounded once).
-fn via_f32_half(tensor: FlexTensor, op: impl FnOnce(FlexTensor) -> FlexTensor) -> FlexTensor {
-    match half_dtype(&[&tensor]) {
-        Some(dtype) => from_f32(op(to_f32(tensor)), dtype),
-        None => op(tensor),
-    }
 }
 
 /// `mask_fill` reading a broadcast mask through its strides, in place where it can
@@ -401,7 +400,7 @@ fn float_mask_fill(
 }
 
 /// Flex's `reshape`, but a permuted tensor whose last dimension is contiguous is copied row by
-/// row ([`copy`](mod@copy)), where Flex copies it one element at a time.
+/// row ([`flex_view::contiguous`]), where Flex copies it one element at a time.
 fn float_reshape(
     tensor: FloatTensor<FastFlex>,
     shape: burn::tensor::Shape,
@@ -410,7 +409,7 @@ fn float_reshape(
     if tensor.layout().is_contiguous() {
         return Flex::float_reshape(tensor, shape);
     }
-    Flex::float_reshape(copy::contiguous(&tensor), shape)
+    Flex::float_reshape(flex_view::contiguous(&tensor), shape)
 }
 
 /// A scalar operation `op(value, scalar)` on every value, in place where no other tensor
@@ -462,26 +461,18 @@ fn float_add_scalar(
 /// scratch; anything else (broadcasts, `f32`, which Flex adds in place) as before.
 fn float_add(lhs: FloatTensor<FastFlex>, rhs: FloatTensor<FastFlex>) -> FloatTensor<FastFlex> {
     use burn_backend::ops::FloatTensorOps;
-    if half_dtype(&[&lhs]).is_some()
-        && let Some(sum) = elementwise::binary(&lhs, &rhs, |a, b| {
+    let (lhs, rhs) = if half_dtype(&[&lhs]).is_some() {
+        let add = |a: &[f32], b: &mut [f32]| {
             for (b, a) in b.iter_mut().zip(a) {
                 *b += a;
             }
-        })
-    {
-        return sum;
-    }
-    via_f32_binary(lhs, rhs, Flex::float_add)
-}
-
-/// Flex's binary `op`, through `f32` where either operand is `bf16`/`f16` (rounded once).
-fn via_f32_binary(
-    lhs: FlexTensor,
-    rhs: FlexTensor,
-    op: impl FnOnce(FlexTensor, FlexTensor) -> FlexTensor,
-) -> FlexTensor {
-    match half_dtype(&[&lhs, &rhs]) {
-        Some(dtype) => from_f32(op(to_f32(lhs), to_f32(rhs)), dtype),
-        None => op(lhs, rhs),
-    }
+        };
+        match elementwise::binary(lhs, rhs, add) {
+            Ok(sum) => return sum,
+            Err(operands) => operands,
+        }
+    } else {
+        (lhs, rhs)
+    };
+    via_f32([lhs, rhs], |[lhs, rhs]| Flex::float_add(lhs, rhs))
 }

@@ -637,3 +637,101 @@ fn scalar_operations_and_permuted_reshapes_match_flex_exactly() {
         "flipped (Flex's copy)"
     );
 }
+
+/// Operands a fast path does not compute (`f64`, a softmax over a leading dimension) take
+/// Flex's own operations, without a panic: the same values as Flex, bit for bit, forward;
+/// under autodiff, through `linear`'s backward products and layer norm, within `f64`'s
+/// rounding (FastFlex's `f64` `linear` is one 2-D product of Flex's, where Burn's default
+/// `linear` on Flex runs a broadcast batched product: the sums are taken in another order).
+#[test]
+fn operands_no_fast_path_covers_take_flex_s_operation() {
+    use burn::tensor::activation::softmax;
+    use burn::tensor::module::{attention, linear};
+    let _serial = serial();
+    let f64s = |shape: [usize; 3], seed| {
+        let (a, b) = both(shape, seed);
+        (a.cast(DType::F64), b.cast(DType::F64))
+    };
+    let (x, x64) = f64s([2, 5, 12], 90);
+    let (w, w64) = f64s([1, 12, 7], 91);
+    let (w, w64) = (w.squeeze_dim::<2>(0), w64.squeeze_dim::<2>(0));
+    let bias_data = TensorData::new(values(7, 92), [7]);
+    let bias = Tensor::<FastFlex, 1>::from_data(bias_data.clone(), &DEVICE).cast(DType::F64);
+    let bias64 = Tensor::<Flex, 1>::from_data(bias_data, &DEVICE).cast(DType::F64);
+    let same = |got: TensorData, want: TensorData, what: &str| {
+        assert_eq!(got.dtype, DType::F64, "{what}: dtype");
+        assert_eq!(got, want, "{what}");
+    };
+    let cases: [(&str, Tensor<FastFlex, 3>, Tensor<Flex, 3>); 5] = [
+        (
+            "linear",
+            linear(x.clone(), w.clone(), Some(bias.clone())),
+            linear(x64.clone(), w64.clone(), Some(bias64.clone())),
+        ),
+        ("gelu", gelu(x.clone()), gelu(x64.clone())),
+        ("exp", x.clone().exp(), x64.clone().exp()),
+        ("softmax", softmax(x.clone(), 2), softmax(x64.clone(), 2)),
+        (
+            "softmax over a leading dimension",
+            softmax(x.clone().cast(DType::F32), 1),
+            softmax(x64.clone().cast(DType::F32), 1),
+        ),
+    ];
+    for (what, got, want) in cases {
+        let (got, want) = (got.cast(DType::F64), want.cast(DType::F64));
+        same(got.into_data(), want.into_data(), what);
+    }
+    let q = x.clone().reshape([1, 2, 5, 12]);
+    let q64 = x64.clone().reshape([1, 2, 5, 12]);
+    let got = attention(q.clone(), q.clone(), q, None, None, Default::default());
+    let want = attention(
+        q64.clone(),
+        q64.clone(),
+        q64,
+        None,
+        None,
+        Default::default(),
+    );
+    same(got.into_data(), want.into_data(), "attention");
+
+    // Under autodiff: `linear`'s backward products and layer norm.
+    fn run<B: burn::tensor::backend::AutodiffBackend>(
+        x: TensorData,
+        w: TensorData,
+    ) -> Vec<TensorData> {
+        let device = Default::default();
+        let x = Tensor::<B, 3>::from_data(x, &device)
+            .cast(DType::F64)
+            .require_grad();
+        let w = Tensor::<B, 2>::from_data(w, &device)
+            .cast(DType::F64)
+            .require_grad();
+        let norm = LayerNormConfig::new(7).init::<B>(&device);
+        draw_params(&norm);
+        let norm = norm.map(&mut Cast(DType::F64));
+        let y = norm.forward(burn::tensor::module::linear(x.clone(), w.clone(), None));
+        let grads = (y.clone() * y.clone()).sum().backward();
+        vec![
+            y.inner().into_data(),
+            x.grad(&grads).unwrap().into_data(),
+            w.grad(&grads).unwrap().into_data(),
+        ]
+    }
+    let (xd, wd) = (x.into_data(), w.into_data());
+    let ours = run::<Autodiff<FastFlex>>(xd.clone(), wd.clone());
+    let flex = run::<Autodiff<Flex>>(xd, wd);
+    for (what, (got, want)) in ["y", "∂x", "∂w"]
+        .into_iter()
+        .zip(ours.into_iter().zip(flex))
+    {
+        assert_eq!((got.dtype, &got.shape), (DType::F64, &want.shape), "{what}");
+        let (got, want) = (got.to_vec::<f64>().unwrap(), want.to_vec::<f64>().unwrap());
+        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-13 * scale,
+                "f64 {what} under autodiff: {g} against {w}"
+            );
+        }
+    }
+}

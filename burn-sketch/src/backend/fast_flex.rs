@@ -14,7 +14,8 @@ fn flex<const D: usize>(tensor: Tensor<FastFlex, D>) -> Tensor<Flex, D> {
     Tensor::from_primitive(TensorPrimitive::Float(tensor.into_primitive().tensor()))
 }
 
-fn half<const D: usize>(tensor: Tensor<Flex, D>) -> Tensor<FastFlex, D> {
+/// The same tensor, as `FastFlex`'s (the inverse of [`flex`]).
+fn fast_flex<const D: usize>(tensor: Tensor<Flex, D>) -> Tensor<FastFlex, D> {
     Tensor::from_primitive(TensorPrimitive::Float(tensor.into_primitive().tensor()))
 }
 
@@ -30,7 +31,7 @@ impl SketchBackend for FastFlex {
         activation: Activation,
         strategy: KernelStrategy,
     ) -> Tensor<Self, 2> {
-        half(Flex::sketched_linear(
+        fast_flex(Flex::sketched_linear(
             flex(x),
             flex_weights(weights),
             bias.map(flex),
@@ -40,7 +41,7 @@ impl SketchBackend for FastFlex {
     }
 
     fn activate(z: Tensor<Self, 2>, activation: Activation) -> Tensor<Self, 2> {
-        half(Flex::activate(flex(z), activation))
+        fast_flex(Flex::activate(flex(z), activation))
     }
 
     fn activation_backward(
@@ -48,7 +49,7 @@ impl SketchBackend for FastFlex {
         grad_output: Tensor<Self, 2>,
         activation: Activation,
     ) -> Tensor<Self, 2> {
-        half(Flex::activation_backward(
+        fast_flex(Flex::activation_backward(
             flex(kept),
             flex(grad_output),
             activation,

@@ -22,8 +22,10 @@
 //! multiplies `bf16` through `f32` copies).
 
 use burn::backend::Flex;
-use burn::backend::flex::{FlexTensor, Layout};
-use burn::tensor::{Bytes, DType, Shape, Tensor, bf16, f16};
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{DType, Tensor, bf16, f16};
+use burn_cpu_kernels::convert::{HalfFloat, through_f32};
+use burn_fast_cpu::flex_view::{self, FlexFloat};
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
@@ -58,13 +60,15 @@ impl SketchBackend for Flex {
     /// The loops of the fused forward (`Element::activate`), so that a tracked forward
     /// computes the same values as an untracked one.
     fn activate(z: Tensor<Self, 2>, activation: Activation) -> Tensor<Self, 2> {
-        match contiguous(&z) {
-            Some(p) if p.dtype() == DType::F32 => activated::<f32>(&p, activation),
-            Some(p) if p.dtype() == DType::F64 => activated::<f64>(&p, activation),
-            Some(p) if p.dtype() == DType::F16 => activated::<f16>(&p, activation),
-            Some(p) if p.dtype() == DType::BF16 => activated::<bf16>(&p, activation),
-            _ => activation.apply(z),
-        }
+        let p = z.clone().into_primitive().tensor();
+        let activated = match p.dtype() {
+            DType::F32 => activated::<f32>(&p, activation),
+            DType::F64 => activated::<f64>(&p, activation),
+            DType::F16 => activated::<f16>(&p, activation),
+            DType::BF16 => activated::<bf16>(&p, activation),
+            _ => None,
+        };
+        activated.unwrap_or_else(|| activation.apply(z))
     }
 
     /// Burn's `gelu_backward` on Flex calls `libm` twice per value; ours is one vectorised
@@ -74,20 +78,25 @@ impl SketchBackend for Flex {
         grad_output: Tensor<Self, 2>,
         activation: Activation,
     ) -> Tensor<Self, 2> {
-        let f32_of = |t: &Tensor<Self, 2>| contiguous(t).filter(|p| p.dtype() == DType::F32);
-        let is_f32 = grad_output.dtype() == DType::F32;
-        match (f32_of(&kept), is_f32) {
-            (Some(kept), true) => {
+        let f32_of = |t: &Tensor<Self, 2>| {
+            Some(t.clone().into_primitive().tensor()).filter(|p| p.dtype() == DType::F32)
+        };
+        let (kept_f32, grad_f32) = (f32_of(&kept), f32_of(&grad_output));
+        match (
+            kept_f32.as_ref().and_then(flex_view::values::<f32>),
+            &grad_f32,
+        ) {
+            (Some(kept), Some(grad_primitive)) => {
                 // `∂y` is often a broadcast (the gradient of a sum): Burn reads it into order.
-                let mut grad = match f32_of(&grad_output) {
-                    Some(grad) => contiguous_values::<f32>(&grad).to_vec(),
+                let mut grad = match flex_view::values::<f32>(grad_primitive) {
+                    Some(grad) => grad.to_vec(),
                     None => grad_output
                         .clone()
                         .into_data()
                         .into_vec::<f32>()
                         .expect("f32"),
                 };
-                activation.backward_to(contiguous_values::<f32>(&kept), &mut grad);
+                activation.backward_to(kept, &mut grad);
                 tensor(grad, grad_output.dims())
             }
             _ => burn_activation_backward(kept, grad_output, activation),
@@ -113,16 +122,12 @@ impl SketchBackend for Flex {
     }
 }
 
-/// An element type this path multiplies: `gemm`'s own, or `bf16` on our kernel.
-trait Element: Copy + Send + Sync + 'static {
-    const DTYPE: DType;
+/// An element type this path multiplies: `gemm`'s own, or `bf16` on our kernel (its tensors
+/// read through [`flex_view`]).
+trait Element: FlexFloat + 'static {
     const ZERO: Self;
     const ONE: Self;
     fn from_f64(value: f64) -> Self;
-    /// The whole buffer behind `tensor` (whose dtype is `DTYPE`).
-    fn storage(tensor: &FlexTensor) -> &[Self];
-    /// `values` as a tensor buffer, without a copy.
-    fn bytes(values: Vec<Self>) -> Bytes;
     /// The engine of one product (`gemm`, or [`bf16_call`]).
     const GEMM: Product<Self>;
     /// `activation` of every value, in place (half types through `f32`).
@@ -134,19 +139,12 @@ trait Element: Copy + Send + Sync + 'static {
 type Product<E> = fn(&mut [E], usize, Matrix<'_, E>, Matrix<'_, E>, E, bool, gemm::Parallelism);
 
 macro_rules! element {
-    ($ty:ty, $dtype:ident, $zero:expr, $one:expr, $from:expr, $gemm:path, $activate:expr) => {
+    ($ty:ty, $zero:expr, $one:expr, $from:expr, $gemm:path, $activate:expr) => {
         impl Element for $ty {
-            const DTYPE: DType = DType::$dtype;
             const ZERO: Self = $zero;
             const ONE: Self = $one;
             fn from_f64(value: f64) -> Self {
                 $from(value)
-            }
-            fn storage(tensor: &FlexTensor) -> &[Self] {
-                tensor.storage::<$ty>()
-            }
-            fn bytes(values: Vec<Self>) -> Bytes {
-                Bytes::from_elems(values)
             }
             const GEMM: Product<Self> = $gemm;
             fn activate(values: &mut [Self], activation: Activation) {
@@ -157,7 +155,6 @@ macro_rules! element {
 }
 element!(
     f32,
-    F32,
     0.0,
     1.0,
     |v: f64| v as f32,
@@ -166,7 +163,6 @@ element!(
 );
 element!(
     f64,
-    F64,
     0.0,
     1.0,
     |v: f64| v,
@@ -175,7 +171,6 @@ element!(
 );
 element!(
     f16,
-    F16,
     f16::ZERO,
     f16::ONE,
     f16::from_f64,
@@ -184,7 +179,6 @@ element!(
 );
 element!(
     bf16,
-    BF16,
     bf16::ZERO,
     bf16::ONE,
     bf16::from_f64,
@@ -193,9 +187,9 @@ element!(
 );
 
 /// `activation` of half-precision values: ReLU on the values themselves, others through
-/// `f32` in chunks that stay in L1 (the conversions and [`Activation::apply_to`] each a
-/// vectorised loop).
-fn activate_half<T>(values: &mut [T], activation: Activation)
+/// `f32` in chunks that stay in L1 ([`through_f32`]; the conversions and
+/// [`Activation::apply_to`] each a vectorised loop).
+fn activate_half<T: HalfFloat>(values: &mut [T], activation: Activation)
 where
     [T]: HalfFloatSliceExt,
 {
@@ -206,13 +200,7 @@ where
             .for_each(|b| *b = if *b & 0x8000 != 0 { 0 } else { *b });
         return;
     }
-    let mut buffer = [0.0f32; 256];
-    for chunk in values.chunks_mut(buffer.len()) {
-        let wide = &mut buffer[..chunk.len()];
-        chunk.convert_to_f32_slice(wide);
-        activation.apply_to(wide);
-        chunk.convert_from_f32_slice(wide);
-    }
+    through_f32(values, |wide| activation.apply_to(wide));
 }
 
 /// One `bf16` product on [`burn_cpu_kernels::bf16`]'s kernel (`f32` accumulation), threaded by the
@@ -274,7 +262,7 @@ impl Operands {
         for row in 0..d_input {
             for half in halves {
                 for term in 0..terms {
-                    extend_with_run::<E>(&mut packed, half, [term, row], k);
+                    flex_view::extend_with_row::<E>(&mut packed, half, &[term, row], k);
                 }
             }
         }
@@ -288,7 +276,7 @@ impl Operands {
         for half in [&self.factors[2], &self.factors[1]] {
             for term in 0..terms {
                 for row in 0..k {
-                    extend_with_run::<E>(&mut packed, half, [term, row], d_output);
+                    flex_view::extend_with_row::<E>(&mut packed, half, &[term, row], d_output);
                 }
             }
         }
@@ -299,37 +287,6 @@ impl Operands {
     fn scale<E: Element>(&self) -> E {
         E::from_f64(1.0 / (2.0 * self.dims().0 as f64))
     }
-}
-
-/// Appends `factor[i, j, 0..len]` (a rank-3 tensor, any strides) to `packed`.
-fn extend_with_run<E: Element>(
-    packed: &mut Vec<E>,
-    factor: &FlexTensor,
-    [i, j]: [usize; 2],
-    len: usize,
-) {
-    let layout = factor.layout();
-    let data = E::storage(factor);
-    let strides = layout.strides();
-    let start = layout.start_offset() as isize + i as isize * strides[0] + j as isize * strides[1];
-    if strides[2] == 1 {
-        let start = start as usize;
-        packed.extend_from_slice(&data[start..start + len]);
-    } else {
-        packed.extend((0..len as isize).map(|c| data[(start + c * strides[2]) as usize]));
-    }
-}
-
-/// The rank-2 `tensor`, through its strides.
-fn matrix<E: Element>(tensor: &FlexTensor) -> Matrix<'_, E> {
-    let layout = tensor.layout();
-    let (rows, cols, row_stride, col_stride) = layout.as_2d_strides().expect("a rank-2 tensor");
-    MatRef::strided(
-        E::storage(tensor),
-        layout.start_offset(),
-        [rows, cols],
-        [row_stride, col_stride],
-    )
 }
 
 /// How a product's rows are shared among rayon's threads.
@@ -422,11 +379,10 @@ fn product_into<E: Element>(
 /// over each thread's block of rows, one vectorised loop ([`Element::activate`]).
 ///
 /// Why not inside the product's tiles: `gemm` has no epilogue, so that takes one `gemm` call
-/// per cache-sized tile. Measured on the bench's points (`--activation`), that was no faster
-/// than this (a `256 × 8192` `f32` output is 8 MiB, which Zen 4's L3 holds, so the pass
-/// reads it from L3), and its other summation order made the untracked forward differ from
-/// the tracked one, which takes [`product`] (segment checkpointing replays a segment
-/// tracked and needs the same values).
+/// per cache-sized tile, which is no faster than this pass (an output of the sizes a layer
+/// has stays in the last-level cache, where the pass reads it back), and its other summation
+/// order would make the untracked forward differ from the tracked one, which takes
+/// [`product`] (segment checkpointing replays a segment tracked and needs the same values).
 fn activated_product<E: Element>(
     dst: &mut [E],
     lhs: Matrix<'_, E>,
@@ -440,41 +396,26 @@ fn activated_product<E: Element>(
         .for_each(|block| E::activate(block, activation));
 }
 
-/// The primitive of a tensor stored contiguously; `None` for a strided one.
-fn contiguous(tensor: &Tensor<Flex, 2>) -> Option<FlexTensor> {
-    let primitive = tensor.clone().into_primitive().tensor();
-    primitive.layout().is_contiguous().then_some(primitive)
-}
-
-/// The values of a [`contiguous`] primitive of element type `E`, in order.
-fn contiguous_values<E: Element>(primitive: &FlexTensor) -> &[E] {
-    let layout = primitive.layout();
-    let start = layout.start_offset();
-    &E::storage(primitive)[start..start + layout.num_elements()]
-}
-
-/// `activation` of a contiguous primitive of element type `E`, as a new tensor.
-fn activated<E: Element>(z: &FlexTensor, activation: Activation) -> Tensor<Flex, 2> {
-    let mut values = contiguous_values::<E>(z).to_vec();
+/// `activation` of a contiguous primitive of element type `E`, as a new tensor; `None` for a
+/// strided one.
+fn activated<E: Element>(z: &FlexTensor, activation: Activation) -> Option<Tensor<Flex, 2>> {
+    let mut values = flex_view::values::<E>(z)?.to_vec();
     E::activate(&mut values, activation);
     let [rows, cols] = [z.layout().shape()[0], z.layout().shape()[1]];
-    tensor(values, [rows, cols])
+    Some(tensor(values, [rows, cols]))
 }
 
 /// A contiguous Flex tensor of `shape` over `values`.
 fn tensor<E: Element, const D: usize>(values: Vec<E>, shape: [usize; D]) -> Tensor<Flex, D> {
-    let layout = Layout::contiguous(Shape::new(shape));
-    float(FlexTensor::new(E::bytes(values), layout, E::DTYPE))
+    float(flex_view::tensor(values, shape))
 }
 
 /// The rank-1 `tensor`'s values, through its stride.
 fn values<E: Element>(tensor: &FlexTensor) -> Vec<E> {
-    let layout = tensor.layout();
-    let data = E::storage(tensor);
-    let (offset, stride) = (layout.start_offset() as isize, layout.strides()[0]);
-    (0..layout.shape()[0] as isize)
-        .map(|i| data[(offset + i * stride) as usize])
-        .collect()
+    let len = tensor.layout().shape()[0];
+    let mut values = Vec::with_capacity(len);
+    flex_view::extend_with_row(&mut values, tensor, &[], len);
+    values
 }
 
 /// `y = f(α·(x·A)·B + bias)` as two products: `P = α·x·A`, then `y = P·B`, with the bias as
@@ -484,7 +425,7 @@ fn values<E: Element>(tensor: &FlexTensor) -> Vec<E> {
 fn forward<E: Element>(operands: &Operands, activation: Activation) -> Tensor<Flex, 2> {
     let (terms, d_input, k, d_output) = operands.dims();
     let rank = 2 * terms * k;
-    let x = matrix::<E>(&operands.x);
+    let x = flex_view::matrix::<E>(&operands.x);
     let rows = x.shape()[0];
     let bias = operands.extra.as_ref().map(values::<E>);
     let width = rank + usize::from(bias.is_some());
@@ -532,8 +473,8 @@ fn forward<E: Element>(operands: &Operands, activation: Activation) -> Tensor<Fl
 fn backward<E: Element>(operands: &Operands, wanted: WantedGradients) -> SketchGradients<Flex> {
     let (terms, d_input, k, d_output) = operands.dims();
     let (half, rank) = (terms * k, 2 * terms * k);
-    let x = matrix::<E>(&operands.x);
-    let grad_output = matrix::<E>(operands.extra.as_ref().expect("∂y"));
+    let x = flex_view::matrix::<E>(&operands.x);
+    let grad_output = flex_view::matrix::<E>(operands.extra.as_ref().expect("∂y"));
     let rows = x.shape()[0];
     let scale = operands.scale::<E>();
 

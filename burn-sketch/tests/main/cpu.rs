@@ -81,7 +81,10 @@ fn the_portable_paths_match_the_references() {
         let mut y = vec![0.0f32; m * n];
         bf16::matmul_on(isa, &mut y, n, lhs, rhs, 1.0, false, true);
         for (got, want) in y.iter().zip(bf16::reference(lhs, rhs, 1.0)) {
-            assert!((*got as f64 - want).abs() < 1e-4, "{isa:?}: {got} against {want}");
+            assert!(
+                (*got as f64 - want).abs() < 1e-4,
+                "{isa:?}: {got} against {want}"
+            );
         }
 
         let x = int8::QuantizedRows::quantize_on(isa, MatRef::row_major(&xs, m, k), true);
@@ -95,7 +98,10 @@ fn the_portable_paths_match_the_references() {
         };
         int8::matmul_on(isa, &mut y, n, &x, &w, e, true);
         for (got, want) in y.iter().zip(&exact) {
-            assert!((got - want).abs() < 0.02 * scale, "{isa:?}: {got} against {want}");
+            assert!(
+                (got - want).abs() < 0.02 * scale,
+                "{isa:?}: {got} against {want}"
+            );
         }
     }
 }
