@@ -326,7 +326,12 @@ impl GemmElement for ::half::f16 {
 }
 
 /// One `gemm` call on strided views: `dst = beta·lhs·rhs`, or `+=` with `accumulate`, into
-/// the first columns of `dst`'s rows of `stride` elements.
+/// the first columns of `dst`'s rows of `stride` elements. The last row may end where its
+/// `rhs.cols` columns do, so that `&mut dst[j..]` writes columns `j..` of a wider output.
+///
+/// # Panics
+/// If the inner dimensions differ, `stride < rhs.cols`, or `dst` is shorter than its rows
+/// (`(lhs.rows − 1)·stride + rhs.cols`) or longer than `lhs.rows · stride`.
 pub fn gemm<T: GemmElement>(
     dst: &mut [T],
     stride: usize,
@@ -337,10 +342,15 @@ pub fn gemm<T: GemmElement>(
     parallelism: gemm::Parallelism,
 ) {
     let ([m, k], [k2, n]) = (lhs.shape(), rhs.shape());
-    assert!(k2 == k && n <= stride && dst.len() == m * stride);
+    let needed = if m == 0 { 0 } else { (m - 1) * stride + n };
+    assert!(
+        k2 == k && n <= stride && (needed..=m * stride).contains(&dst.len()),
+        "gemm of {m}×{k} by {k2}×{n} into {} elements with rows of {stride}",
+        dst.len()
+    );
     let (lhs_ptr, lhs_row, lhs_col) = lhs.raw_parts();
     let (rhs_ptr, rhs_row, rhs_col) = rhs.raw_parts();
-    // SAFETY: `dst` holds m rows of `stride ≥ n` elements and `MatRef::strided` checked that
+    // SAFETY: `dst` holds m rows of `stride ≥ n` elements (the last one at least `n`) and `MatRef::strided` checked that
     // every element of both views lies inside its buffer; `gemm` dispatches on `T` (f32, f64,
     // f16).
     unsafe {

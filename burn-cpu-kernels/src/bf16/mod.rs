@@ -118,29 +118,16 @@ fn portable<O: StoredFloat>(
     accumulate: bool,
     parallel: bool,
 ) {
-    let ([m, k], n) = (lhs.shape(), rhs.shape()[1]);
-    let widen = |view: MatRef<'_, bf16>| -> Vec<f32> {
-        let [rows, cols] = view.shape();
-        (0..rows)
-            .flat_map(|i| (0..cols).map(move |j| view.at(i, j).to_f32()))
-            .collect()
-    };
-    let (a, b) = (widen(lhs), widen(rhs));
+    let (m, n) = (lhs.shape()[0], rhs.shape()[1]);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let (a, b) = (bf16::widen(lhs, &mut a), bf16::widen(rhs, &mut b));
     let mut product = vec![0.0f32; m * n];
     let parallelism = if parallel {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None
     };
-    gemm(
-        &mut product,
-        n,
-        MatRef::row_major(&a, m, k),
-        MatRef::row_major(&b, k, n),
-        1.0,
-        false,
-        parallelism,
-    );
+    gemm(&mut product, n, a, b, 1.0, false, parallelism);
     for (row, values) in dst.chunks_exact_mut(stride).zip(product.chunks_exact(n)) {
         for (out, &value) in row.iter_mut().zip(values) {
             let base = if accumulate { out.to_f32() } else { 0.0 };

@@ -17,10 +17,7 @@
 //! process.
 
 use crate::Isa;
-use crate::math::{PARALLEL_MIN, mul_add};
-
-/// Lanes of the per-row accumulators.
-const LANES: usize = 16;
+use crate::math::{LANES, PARALLEL_MIN, lane_sum, mul_add, sum};
 
 /// Elements per rayon task in the forward.
 const TASK: usize = 1 << 13;
@@ -188,17 +185,6 @@ pub(crate) fn forward_block<const FMA: bool>(
             s[r] = rstd;
         }
     }
-}
-
-/// `Σ x`, by lanes.
-#[inline(always)]
-fn sum(x: &[f32]) -> f32 {
-    let body = x.len() / LANES * LANES;
-    let mut acc = [0.0f32; LANES];
-    for c in x[..body].chunks_exact(LANES) {
-        acc.iter_mut().zip(c).for_each(|(s, &x)| *s += x);
-    }
-    x[body..].iter().fold(lane_sum(acc), |s, &x| s + x)
 }
 
 /// `(Σ (x − mean), Σ (x − mean)²)`, in one pass.
@@ -404,19 +390,6 @@ pub(crate) fn backward_block<const FMA: bool>(
             dbeta.iter_mut().zip(dy).for_each(|(acc, &dy)| *acc += dy);
         }
     }
-}
-
-/// The lanes' sum, pairwise.
-#[inline(always)]
-fn lane_sum(mut acc: [f32; LANES]) -> f32 {
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-    }
-    acc[0]
 }
 
 #[cfg(test)]

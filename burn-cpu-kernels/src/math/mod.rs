@@ -29,6 +29,34 @@ use crate::Isa;
 /// more than the work.
 pub(crate) const PARALLEL_MIN: usize = 1 << 15;
 
+/// Lanes of the row kernels' partial sums: one `zmm` register of `f32`, so that the loops
+/// below vectorise into one accumulator on AVX-512 (and split evenly on narrower vectors).
+pub(crate) const LANES: usize = 16;
+
+/// The lanes' sum, pairwise (the same order on every path).
+#[inline(always)]
+pub(crate) fn lane_sum(mut acc: [f32; LANES]) -> f32 {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+    }
+    acc[0]
+}
+
+/// `Σ x`, by [`LANES`] partial sums, then the tail.
+#[inline(always)]
+pub(crate) fn sum(x: &[f32]) -> f32 {
+    let body = x.len() / LANES * LANES;
+    let mut acc = [0.0f32; LANES];
+    for c in x[..body].chunks_exact(LANES) {
+        acc.iter_mut().zip(c).for_each(|(s, &x)| *s += x);
+    }
+    x[body..].iter().fold(lane_sum(acc), |s, &x| s + x)
+}
+
 /// Elements per rayon task for the element-wise maps: 64 KiB of `f32`, in L2.
 const CHUNK: usize = 1 << 14;
 

@@ -370,40 +370,23 @@ fn portable(
     epilogue: Epilogue<'_>,
     parallel: bool,
 ) {
-    let [m, k] = lhs.shape();
+    let m = lhs.shape()[0];
     let parallelism = if parallel {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None
     };
-    let (lhs_ptr, lhs_row, lhs_col) = lhs.raw_parts();
-    for &(j0, cols, rhs) in parts {
-        let (rhs_ptr, rhs_row, rhs_col) = rhs.raw_parts();
-        // SAFETY: `dst` holds `m` rows of `stride` elements and columns `j0..j0 + cols` lie in
-        // the first `n ≤ stride`; both views were bounds-checked when made.
-        unsafe {
-            gemm::gemm(
-                m,
-                cols,
-                k,
-                dst.as_mut_ptr().add(j0),
-                1,
-                stride as isize,
-                epilogue.accumulate,
-                lhs_ptr,
-                lhs_col,
-                lhs_row,
-                rhs_ptr,
-                rhs_col,
-                rhs_row,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                parallelism,
-            );
-        }
+    for &(j0, _, rhs) in parts {
+        // Columns `j0..j0 + cols` of every row: the rows from `j0` on.
+        crate::gemm(
+            &mut dst[j0..],
+            stride,
+            lhs,
+            rhs,
+            1.0,
+            epilogue.accumulate,
+            parallelism,
+        );
     }
     let n = parts
         .iter()

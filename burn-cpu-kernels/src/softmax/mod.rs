@@ -19,10 +19,7 @@
 //! holds), which tests and benchmarks pass to compare the paths in one process.
 
 use crate::Isa;
-use crate::math::{PARALLEL_MIN, exp_f, mul_add};
-
-/// Lanes of the per-row accumulators: one AVX-512 register of `f32`.
-const LANES: usize = 16;
+use crate::math::{LANES, PARALLEL_MIN, exp_f, lane_sum, mul_add, sum};
 
 /// Elements per rayon task: whole rows adding up to about 32 KiB.
 const TASK: usize = 1 << 13;
@@ -379,21 +376,6 @@ fn masked(v: f32, m: bool) -> f32 {
     f32::from_bits((v.to_bits() & keep) | (f32::NEG_INFINITY.to_bits() & !keep))
 }
 
-/// `Σ values`, by lanes.
-#[inline(always)]
-fn lane_sum(acc: [f32; LANES]) -> f32 {
-    // Pairwise over the lanes.
-    let mut width = LANES;
-    let mut acc = acc;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-    }
-    acc[0]
-}
-
 /// One row's softmax in place from its maximum: `exp(x − max)` stored and summed, then
 /// scaled.
 #[inline(always)]
@@ -457,7 +439,7 @@ pub(crate) fn backward_block<const FMA: bool>(
                 }
             }
             Backward::LogSoftmax => {
-                let sum = lane_sum_of(grad);
+                let sum = sum(grad);
                 for (g, &y) in grad.iter_mut().zip(y) {
                     *g = mul_add::<FMA>(-exp_f::<FMA>(y), sum, *g);
                 }
@@ -484,19 +466,6 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
         sum = mul_add::<FMA>(x, y, sum);
     }
     sum
-}
-
-/// `Σ a` by lanes.
-#[inline(always)]
-fn lane_sum_of(a: &[f32]) -> f32 {
-    let body = a.len() / LANES * LANES;
-    let mut acc = [0.0f32; LANES];
-    for c in a[..body].chunks_exact(LANES) {
-        for (s, &x) in acc.iter_mut().zip(c) {
-            *s += x;
-        }
-    }
-    a[body..].iter().fold(lane_sum(acc), |s, &x| s + x)
 }
 
 #[cfg(test)]
