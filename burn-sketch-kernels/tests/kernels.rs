@@ -201,7 +201,9 @@ const ACTIVATIONS: [Activation; 3] = [Activation::Identity, Activation::Relu, Ac
 #[test]
 fn forward_matches_reference_on_both_paths() {
     for (seed, case) in grid().iter().enumerate() {
-        let data = case.data(seed as u64 * 10);
+        // Seeds whose small ReLU cases keep some positive outputs (the reference check refuses
+        // an all-zero one, which would prove nothing).
+        let data = case.data(seed as u64 * 10 + 1);
         let activation = ACTIVATIONS[seed % ACTIVATIONS.len()];
         let bias = case.bias.then_some(&data.bias[..]);
         let expected = case
