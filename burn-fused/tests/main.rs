@@ -1,0 +1,9 @@
+//! burn-fused's tests: every fused operation's forward and gradients against the
+//! decomposed computation Burn's autodiff differentiates, on NdArray, Flex and FastFlex.
+
+mod main {
+    pub mod common;
+    mod attention;
+    mod rows;
+    mod training;
+}
