@@ -30,6 +30,8 @@
 //! - [`softmax`]: softmax, log-softmax (masked as Burn's `mask_fill(−∞)`) and their backward
 //!   over rows;
 //! - [`layer_norm`]: layer normalisation over rows and its backward;
+//! - [`cross_entropy`]: a language model's loss from logits over rows and its backward,
+//!   keeping one log-sum-exp per row, no probabilities;
 //! - [`peak`]: this CPU's measured peak per kind of product, for benchmarks;
 //! - [`convert`]: [`StoredFloat`] (`f32` or `bf16` stored, `f32` computed) and the
 //!   `f32` ↔ half conversions over slices;
@@ -45,6 +47,7 @@ pub mod attention;
 pub mod bf16;
 mod blocking;
 pub mod convert;
+pub mod cross_entropy;
 pub mod int8;
 pub mod isa;
 pub mod layer_norm;

@@ -348,7 +348,7 @@ fn max_of(a: f32, v: f32) -> f32 {
 
 /// The largest value of the row (`NaN`s skipped here: they surface in the `exp` pass).
 #[inline(always)]
-fn row_max(row: &[f32]) -> f32 {
+pub(crate) fn row_max(row: &[f32]) -> f32 {
     let body = row.len() / LANES * LANES;
     let mut acc = [f32::NEG_INFINITY; LANES];
     for c in row[..body].chunks_exact(LANES) {

@@ -1,5 +1,5 @@
-//! The row kernels compiled for AVX-512 with fused multiply-adds: [`crate::softmax`]'s and
-//! [`crate::layer_norm`]'s forward and backward. Each wrapper is the module's portable
+//! The row kernels compiled for AVX-512 with fused multiply-adds: [`crate::softmax`]'s,
+//! [`crate::layer_norm`]'s and [`crate::cross_entropy`]'s forward and backward. Each wrapper is the module's portable
 //! generic block body with `FMA = true`, compiled here with the target features so that its
 //! per-row loops (sixteen accumulator lanes) run one register wide.
 
@@ -69,4 +69,37 @@ pub(crate) fn layer_norm_backward_avx512(
     dbeta: Option<&mut [f32]>,
 ) {
     crate::layer_norm::backward_block::<true>(args, dx, dgamma, dbeta);
+}
+
+/// `crate::cross_entropy::forward_block` compiled for AVX-512 with fused multiply-adds.
+///
+/// # Safety
+/// As [`softmax_forward_avx512`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
+pub(crate) fn cross_entropy_forward_avx512(
+    logits: &[f32],
+    n: usize,
+    targets: &[i64],
+    ignore: Option<i64>,
+    lse: &mut [f32],
+    losses: &mut [f32],
+) {
+    crate::cross_entropy::forward_block::<true>(logits, n, targets, ignore, lse, losses);
+}
+
+/// `crate::cross_entropy::backward_block` compiled for AVX-512 with fused multiply-adds.
+///
+/// # Safety
+/// As [`softmax_forward_avx512`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
+pub(crate) fn cross_entropy_backward_avx512(
+    src: Option<&[f32]>,
+    grad: &mut [f32],
+    n: usize,
+    lse: &[f32],
+    targets: &[i64],
+    ignore: Option<i64>,
+    scale: f32,
+) {
+    crate::cross_entropy::backward_block::<true>(src, grad, n, lse, targets, ignore, scale);
 }
