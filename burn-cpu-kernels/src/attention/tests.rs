@@ -61,7 +61,7 @@ fn run(
     match blocks {
         None => forward_on(isa, &mut out, q, k, v, mask, bias, options, parallel),
         Some(blocks) => {
-            Problem::new(q, k, v, mask, bias, options).run(isa, &mut out, blocks, parallel)
+            Problem::new(q, k, v, mask, bias, options).run(isa, &mut out, None, blocks, parallel)
         }
     }
     out
@@ -400,6 +400,7 @@ fn bias_and_softcap_match_the_reference() {
             softcap: Some(0.7),
             scale: Some(0.3),
             causal: true,
+            dropout: None,
         },
     ] {
         for mask in [None, Some(mask)] {
@@ -497,6 +498,7 @@ fn the_portable_softmax_matches_the_dispatched_one() {
         scale: Some(3.0),
         softcap: Some(2.5),
         causal: true,
+        dropout: None,
     };
     let problem = Problem::new(
         q,
@@ -585,6 +587,7 @@ fn parallel_and_serial_are_identical() {
             causal: true,
             softcap: Some(5.0),
             scale: None,
+            dropout: None,
         },
     ] {
         for isa in isas() {
