@@ -99,11 +99,7 @@ pub fn backward_on<E: StoredFloat>(
     let blocks = Blocks::for_backward(q.shape[2], k.shape[2]);
     problem.backward(
         isa,
-        Gradients {
-            out,
-            lse,
-            grad_out,
-        },
+        Gradients { out, lse, grad_out },
         [dq, dk, dv],
         blocks,
         parallel,
@@ -178,7 +174,10 @@ impl<E: StoredFloat> Problem<'_, E> {
             ("dk", dk.len(), b * h * sk * d),
             ("dv", dv.len(), b * h * sk * dvn),
         ] {
-            assert_eq!(len, want, "attention backward: {name} has {len} elements, not {want}");
+            assert_eq!(
+                len, want,
+                "attention backward: {name} has {len} elements, not {want}"
+            );
         }
         let zero = E::from_f32(0.0);
         if b * h == 0 || sq == 0 || sk == 0 || dvn == 0 {
@@ -190,7 +189,9 @@ impl<E: StoredFloat> Problem<'_, E> {
         }
         let task = |bh: usize, (dq, (dk, dv)): (&mut [E], (&mut [E], &mut [E]))| {
             BACK_SCRATCH.with(|cell| match cell.try_borrow_mut() {
-                Ok(mut scratch) => self.head(isa, bh / h, bh % h, g, [dq, dk, dv], blocks, &mut scratch),
+                Ok(mut scratch) => {
+                    self.head(isa, bh / h, bh % h, g, [dq, dk, dv], blocks, &mut scratch)
+                }
                 // Only if a task ever ran inside another on one thread.
                 Err(_) => self.head(
                     isa,
@@ -306,7 +307,15 @@ impl<E: StoredFloat> Problem<'_, E> {
                 let pz = MatRef::row_major(s, nq, nk);
                 let ds = MatRef::row_major(dp, nq, nk);
                 gemm(dv_acc, dvn, pz.t(), gb, 1.0, true, single);
-                gemm(&mut dq_acc[q0 * d..(q0 + nq) * d], d, ds, kb, self.scale, true, single);
+                gemm(
+                    &mut dq_acc[q0 * d..(q0 + nq) * d],
+                    d,
+                    ds,
+                    kb,
+                    self.scale,
+                    true,
+                    single,
+                );
                 gemm(dk_acc, d, ds.t(), qb, self.scale, true, single);
             }
             store(&mut dk[k0 * d..(k0 + nk) * d], dk_acc);

@@ -186,7 +186,18 @@ pub fn forward_train<E: StoredFloat>(
     options: Options,
     parallel: bool,
 ) {
-    forward_train_on(Isa::detected(), out, lse, q, k, v, mask, bias, options, parallel);
+    forward_train_on(
+        Isa::detected(),
+        out,
+        lse,
+        q,
+        k,
+        v,
+        mask,
+        bias,
+        options,
+        parallel,
+    );
 }
 
 /// [`forward_on`] for training: the same output, bit for bit (the same code path), and each
@@ -352,7 +363,15 @@ impl<'a, E: StoredFloat> Problem<'a, E> {
         }
         let (head_len, block_len) = (sq * self.dv, blocks.q * self.dv);
         let task = |bh: usize, block: usize, dst: &mut [E], lse: Option<&mut [f32]>| {
-            self.block(isa, bh / heads, bh % heads, block * blocks.q, dst, lse, blocks.k)
+            self.block(
+                isa,
+                bh / heads,
+                bh % heads,
+                block * blocks.q,
+                dst,
+                lse,
+                blocks.k,
+            )
         };
         // Below about a million multiply-adds (`b=1, h=12, s=16, d=64` has 0.4 M) waking the
         // pool costs more than the second thread saves.
@@ -385,7 +404,8 @@ impl<'a, E: StoredFloat> Problem<'a, E> {
                 }
             }
             (false, Some(lse)) => {
-                for (bh, (head, lse)) in out.chunks_mut(head_len).zip(lse.chunks_mut(sq)).enumerate()
+                for (bh, (head, lse)) in
+                    out.chunks_mut(head_len).zip(lse.chunks_mut(sq)).enumerate()
                 {
                     let rows = head.chunks_mut(block_len).zip(lse.chunks_mut(blocks.q));
                     for (block, (dst, lse)) in rows.enumerate() {

@@ -32,7 +32,11 @@ struct HeadProbabilities {
     lse: Vec<f64>,
 }
 
-fn probabilities<E: StoredFloat>(problem: &Problem<'_, E>, bi: usize, hi: usize) -> HeadProbabilities {
+fn probabilities<E: StoredFloat>(
+    problem: &Problem<'_, E>,
+    bi: usize,
+    hi: usize,
+) -> HeadProbabilities {
     let (q, k) = (problem.q, problem.k);
     let ([_, _, sq, d], sk) = (q.shape, k.shape[2]);
     let f = |e: E| e.to_f32() as f64;
@@ -144,7 +148,11 @@ pub fn reference_backward<E: StoredFloat>(
 ) -> [Vec<f64>; 3] {
     let p = Problem::new(q, k, v, mask, bias, options);
     let ([b, h, sq, d], sk, dvn) = (q.shape, k.shape[2], p.dv);
-    assert_eq!(grad_out.shape, [b, h, sq, dvn], "the output gradient's shape");
+    assert_eq!(
+        grad_out.shape,
+        [b, h, sq, dvn],
+        "the output gradient's shape"
+    );
     let f = |e: E| e.to_f32() as f64;
     let mut dq = vec![0.0f64; b * h * sq * d];
     let mut dk = vec![0.0f64; b * h * sk * d];
