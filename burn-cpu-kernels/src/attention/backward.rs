@@ -61,8 +61,11 @@ pub fn backward<E: StoredFloat>(
 /// forward), `P = exp(S − lse)`, `Z` the dropout keep mask scaled by `1/(1 − p)` (the same
 /// [`dropout_keep`](super::dropout_keep) decisions as the forward), `dV += (P∘Z)ᵀ·dO`,
 /// `dP = (dO·vᵀ)∘Z`, `dS = P∘(dP − D)` (times `1 − tanh²` of the softcap), `dQ += dS·k·scale`,
-/// `dK += dSᵀ·q·scale`. Key blocks wholly after the causal boundary are skipped (their
-/// gradients are 0). There is no gradient for the bias (nor the mask).
+/// `dK += dSᵀ·q·scale`. With `causal`, a key block is taken only with the queries that see
+/// one of its keys (from `k0 − (sk − sq)` on): blocks wholly past the causal boundary are
+/// never computed. There is no gradient for the bias (nor the mask): a caller training a
+/// bias needs another path. `D` is computed from the stored `out`, so with `bf16` storage it
+/// carries the output's rounding (`2⁻⁹` relative).
 ///
 /// Memory: a thread's scratch is at most `2·bq·bk + bk` floats for one block of scores and
 /// its gradient (`bq, bk ≤ 128`, the block sizes), `sq·d + bk·(d + dv) + sq` for the head's

@@ -32,6 +32,17 @@
 //! [`forward_on`] takes the [`Isa`] whose path the softmax pass runs on ([`forward`]: this
 //! CPU's); [`reference()`] computes the same thing naively in `f64`, for tests.
 //!
+//! For training, [`forward_train`] gives the same output (the same code path, bit for bit)
+//! and each query's log-sum-exp `lse_i = max_i + ln(sum_i)`; [`backward`] recomputes the
+//! probabilities `exp(s − lse)` block by block from it (FlashAttention-2 style) and returns
+//! the gradients of `q`, `k` and `v` (none for the bias). Neither forms a head's `[sq, sk]`
+//! scores: a thread's scratch in the backward is `O(block_q·block_k + (sq + sk)·(d + dv))`
+//! floats (the exact bound in [`backward_on`]'s docs), linear in the sequence lengths.
+//! [`Options::dropout`] drops probabilities (after the softmax, the statistics being of the
+//! undropped ones) by [`dropout_keep`], a pure function of a seed and the probability's
+//! index, so that the backward redraws the forward's mask; [`reference_train`] and
+//! [`reference_backward`] are the `f64` references.
+//!
 //! ```
 //! use burn_cpu_kernels::View4;
 //! use burn_cpu_kernels::attention::{self, Options};
