@@ -95,7 +95,7 @@ fn probabilities<E: StoredFloat>(
     out
 }
 
-/// [`reference`] and the log-sum-exp [`forward_train`](super::forward_train) saves: the
+/// [`reference()`] and the log-sum-exp [`forward_train`](super::forward_train) saves: the
 /// contiguous `[b, h, sq, dv]` output and `[b, h, sq]` log-sum-exp, in `f64`.
 ///
 /// # Panics
