@@ -7,6 +7,9 @@
 //! ```text
 //! cargo run --release -p burn-cpu-kernels --example attention_bench
 //! ```
+//!
+//! With `--backward`, the training pair instead: [`attention::forward_train`] and
+//! [`attention::backward`] (causal, a padding mask, dropout 0.1), in milliseconds.
 
 use std::time::Instant;
 
@@ -143,7 +146,122 @@ fn time(mut f: impl FnMut()) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
+/// The training pair's rows: `forward_train`, `backward`, and both on one thread.
+fn backward_rows() {
+    let cases = [
+        Case {
+            name: "small",
+            b: 16,
+            h: 4,
+            sq: 64,
+            sk: 64,
+            d: 32,
+            causal: true,
+        },
+        Case {
+            name: "long",
+            b: 1,
+            h: 12,
+            sq: 512,
+            sk: 512,
+            d: 64,
+            causal: true,
+        },
+    ];
+    println!(
+        "{} rayon threads; causal, padding mask [b, 1, 1, sk], dropout 0.1; inputs permuted \
+         from [b, s, h, d]",
+        rayon::current_num_threads()
+    );
+    println!(
+        "| case | b×h×s×d | forward ms | forward_train ms | backward ms | train + backward 1 thread ms |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for case in &cases {
+        let x = case.inputs();
+        let [q, k, v] = case.views(&x);
+        let Case {
+            b, h, sq, sk, d, ..
+        } = *case;
+        let mask = View4::contiguous(&x.mask, [b, 1, 1, sk]);
+        let options = Options {
+            causal: case.causal,
+            dropout: Some(attention::AttentionDropout { prob: 0.1, seed: 7 }),
+            ..Options::default()
+        };
+        let n = b * h * sq * d;
+        let mut out = vec![0.0f32; n];
+        let mut lse = vec![0.0f32; b * h * sq];
+        let grad = uniform(n, 4, [-1.0, 1.0]);
+        let grad_out = View4::contiguous(&grad, [b, h, sq, d]);
+        let (mut dq, mut dk, mut dv) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
+        let t_forward =
+            time(|| attention::forward(&mut out, q, k, v, Some(mask), None, options, true));
+        let t_train = time(|| {
+            attention::forward_train(&mut out, &mut lse, q, k, v, Some(mask), None, options, true)
+        });
+        let mut backward = |parallel| {
+            let out_view = View4::contiguous(&out, [b, h, sq, d]);
+            attention::backward(
+                q,
+                k,
+                v,
+                Some(mask),
+                None,
+                out_view,
+                &lse,
+                grad_out,
+                options,
+                &mut dq,
+                &mut dk,
+                &mut dv,
+                parallel,
+            )
+        };
+        let t_backward = time(|| backward(true));
+        let t_serial = time(|| {
+            let mut out = vec![0.0f32; n];
+            let mut lse = vec![0.0f32; b * h * sq];
+            attention::forward_train(
+                &mut out,
+                &mut lse,
+                q,
+                k,
+                v,
+                Some(mask),
+                None,
+                options,
+                false,
+            );
+            let (mut dq, mut dk, mut dv) = (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
+            attention::backward(
+                q,
+                k,
+                v,
+                Some(mask),
+                None,
+                View4::contiguous(&out, [b, h, sq, d]),
+                &lse,
+                grad_out,
+                options,
+                &mut dq,
+                &mut dk,
+                &mut dv,
+                false,
+            );
+        });
+        println!(
+            "| {} | {b}×{h}×{sq}×{d} | {t_forward:.3} | {t_train:.3} | {t_backward:.3} | {t_serial:.3} |",
+            case.name
+        );
+    }
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "--backward") {
+        backward_rows();
+        return;
+    }
     let cases = [
         Case {
             name: "BERT-base",

@@ -24,7 +24,9 @@
 //! - [`bf16`]: the `bf16` product ([`bf16::matmul`]) and its `f64` reference;
 //! - [`int8`]: quantized matrices and the `int8` product ([`int8::matmul`]);
 //! - [`mod@activation`]: the [`Activation`] a product applies as it stores its output;
-//! - [`attention`]: fused scaled-dot-product attention ([`attention::forward`]), Burn's semantics;
+//! - [`attention`]: fused scaled-dot-product attention ([`attention::forward`]), Burn's semantics,
+//!   and for training [`attention::forward_train`] (with the log-sum-exp) and
+//!   [`attention::backward`] (FlashAttention-2 style, memory linear in the lengths), with dropout;
 //! - [`sgemm`]: the `f32` product with a fused bias and activation ([`sgemm::matmul`]);
 //! - [`math`]: `exp`, `erf`, `tanh` and the exact GELU over slices, vectorised (within an ulp);
 //! - [`softmax`]: softmax, log-softmax (masked as Burn's `mask_fill(−∞)`) and their backward

@@ -32,6 +32,17 @@
 //! [`forward_on`] takes the [`Isa`] whose path the softmax pass runs on ([`forward`]: this
 //! CPU's); [`reference()`] computes the same thing naively in `f64`, for tests.
 //!
+//! For training, [`forward_train`] gives the same output (the same code path, bit for bit)
+//! and each query's log-sum-exp `lse_i = max_i + ln(sum_i)`; [`backward`] recomputes the
+//! probabilities `exp(s − lse)` block by block from it (FlashAttention-2 style) and returns
+//! the gradients of `q`, `k` and `v` (none for the bias). Neither forms a head's `[sq, sk]`
+//! scores: a thread's scratch in the backward is `O(block_q·block_k + (sq + sk)·(d + dv))`
+//! floats (the exact bound in [`backward_on`]'s docs), linear in the sequence lengths.
+//! [`Options::dropout`] drops probabilities (after the softmax, the statistics being of the
+//! undropped ones) by [`dropout_keep`], a pure function of a seed and the probability's
+//! index, so that the backward redraws the forward's mask; [`reference_train`] and
+//! [`reference_backward`] are the `f64` references.
+//!
 //! ```
 //! use burn_cpu_kernels::View4;
 //! use burn_cpu_kernels::attention::{self, Options};
@@ -56,13 +67,18 @@ use crate::math::{exp_non_positive_f, tanh_f};
 use crate::view::View4;
 use crate::{Isa, MatRef, gemm};
 
+mod backward;
+mod dropout;
 mod online;
 mod reference;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use backward::BackStep;
+pub use backward::{backward, backward_on};
+pub use dropout::{AttentionDropout, dropout_keep, dropout_mask};
 use online::{exp_shifted, max_of};
-pub use reference::reference;
+pub use reference::{reference, reference_backward, reference_train};
 
 /// What burn-backend 0.21's `AttentionModuleOptions` says (its `f64`s as `f32`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -73,6 +89,8 @@ pub struct Options {
     pub softcap: Option<f32>,
     /// Mask key `j` for query `i` when `j > i + sk − sq`.
     pub causal: bool,
+    /// Dropout on the normalised probabilities ([`AttentionDropout`]); `None` for inference.
+    pub dropout: Option<AttentionDropout>,
 }
 
 /// Block sizes: queries per task, keys per step of the online softmax.
@@ -110,7 +128,8 @@ impl Blocks {
 /// # Panics
 /// If `q` is not `[b, h, sq, d]`, `k` `[b, h, sk, d]` and `v` `[b, h, sk, dv]` with `d > 0`;
 /// if `out` does not hold `b·h·sq·dv` elements; if `mask` or `bias` does not broadcast to
-/// `[b, h, sq, sk]`; if the softcap is not positive.
+/// `[b, h, sq, sk]`; if the softcap is not positive; if a dropout probability is not in
+/// `[0, 1)`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward<E: StoredFloat>(
     out: &mut [E],
@@ -156,6 +175,85 @@ pub fn forward_on<E: StoredFloat>(
     problem.run(
         isa,
         out,
+        None,
+        Blocks::for_shape(b * h, sq, q.shape[3], problem.dv),
+        parallel,
+    );
+}
+
+/// [`forward_train_on`] with [`Isa::detected`].
+///
+/// # Panics
+/// As [`forward_train_on`].
+#[allow(clippy::too_many_arguments)]
+pub fn forward_train<E: StoredFloat>(
+    out: &mut [E],
+    lse: &mut [f32],
+    q: View4<'_, E>,
+    k: View4<'_, E>,
+    v: View4<'_, E>,
+    mask: Option<View4<'_, u8>>,
+    bias: Option<View4<'_, E>>,
+    options: Options,
+    parallel: bool,
+) {
+    forward_train_on(
+        Isa::detected(),
+        out,
+        lse,
+        q,
+        k,
+        v,
+        mask,
+        bias,
+        options,
+        parallel,
+    );
+}
+
+/// [`forward_on`] for training: the same output, bit for bit (the same code path), and each
+/// query's log-sum-exp, what [`backward_on`] recomputes the probabilities from without
+/// storing them: `lse[(bi·h + hi)·sq + i] = max_i + ln(sum_i)` (natural logarithm) over the
+/// query's scaled, softcapped, masked and biased scores `s_ij`, so that
+/// `P_ij = exp(s_ij − lse_i)` (before dropout). A query whose keys are all masked (`sk = 0`
+/// included) gets `+∞`, so that its recomputed probabilities are 0. `lse` is contiguous
+/// `[b, h, sq]`. With `dv = 0` the output is empty and `lse` is left as it is (no gradient
+/// depends on it then).
+///
+/// # Panics
+/// As [`forward`], and if `lse` does not hold `b·h·sq` elements.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_train_on<E: StoredFloat>(
+    isa: Isa,
+    out: &mut [E],
+    lse: &mut [f32],
+    q: View4<'_, E>,
+    k: View4<'_, E>,
+    v: View4<'_, E>,
+    mask: Option<View4<'_, u8>>,
+    bias: Option<View4<'_, E>>,
+    options: Options,
+    parallel: bool,
+) {
+    let problem = Problem::new(q, k, v, mask, bias, options);
+    let [b, h, sq, _] = q.shape;
+    assert_eq!(
+        out.len(),
+        b * h * sq * problem.dv,
+        "the output of [{b}, {h}, {sq}, {}] has {} elements",
+        problem.dv,
+        out.len()
+    );
+    assert_eq!(
+        lse.len(),
+        b * h * sq,
+        "the log-sum-exp of [{b}, {h}, {sq}] has {} elements",
+        lse.len()
+    );
+    problem.run(
+        isa,
+        out,
+        Some(lse),
         Blocks::for_shape(b * h, sq, q.shape[3], problem.dv),
         parallel,
     );
@@ -174,6 +272,7 @@ struct Problem<'a, E> {
     softcap: Option<f32>,
     /// `sk − sq` when causal.
     causal_offset: Option<isize>,
+    dropout: Option<AttentionDropout>,
     dv: usize,
 }
 
@@ -200,6 +299,9 @@ impl<'a, E: StoredFloat> Problem<'a, E> {
         if let Some(softcap) = options.softcap {
             assert!(softcap > 0.0, "softcap must be positive, got {softcap}");
         }
+        if let Some(dropout) = options.dropout {
+            dropout.check();
+        }
         let target = [b, h, sq, sk];
         Self {
             q,
@@ -212,43 +314,132 @@ impl<'a, E: StoredFloat> Problem<'a, E> {
                 .unwrap_or_else(|| (1.0 / (d as f64).sqrt()) as f32),
             softcap: options.softcap,
             causal_offset: options.causal.then_some(sk as isize - sq as isize),
+            dropout: options.dropout,
             dv,
         }
     }
 
-    /// Every task, each writing its own rows of `out`, its softmax on `isa`'s path.
-    fn run(&self, isa: Isa, out: &mut [E], blocks: Blocks, parallel: bool) {
+    /// The dropout index of query `i`, key `j` of head `(bi, hi)`:
+    /// `((bi·h + hi)·sq + i)·sk + j`.
+    fn dropout_index(&self, bi: usize, hi: usize, i: usize, j: usize) -> u64 {
+        let [_, h, sq, _] = self.q.shape;
+        let sk = self.k.shape[2] as u64;
+        (((bi * h + hi) * sq + i) as u64) * sk + j as u64
+    }
+
+    /// Keys `limit..` of `row` (keys `k0..k0 + row.len()` of query `i`) are after the causal
+    /// boundary: `limit`.
+    #[inline(always)]
+    fn causal_limit(&self, i: usize, k0: usize, nk: usize) -> usize {
+        match self.causal_offset {
+            Some(offset) => (i as isize + offset + 1 - k0 as isize).clamp(0, nk as isize) as usize,
+            None => nk,
+        }
+    }
+
+    /// The fallback's masks and bias on the softcapped scores `row` of query `i`, keys
+    /// `k0..`: the causal mask, the mask (`−∞`), then the bias added.
+    #[inline(always)]
+    fn mask_and_bias(&self, bi: usize, hi: usize, i: usize, k0: usize, row: &mut [f32]) {
+        let limit = self.causal_limit(i, k0, row.len());
+        row[limit..].fill(f32::NEG_INFINITY);
+        let row_open = &mut row[..limit];
+        if let Some(mask) = &self.mask {
+            mask.line([bi, hi, i], k0, limit)
+                .zip_with(row_open, |s, m| {
+                    if m != 0 {
+                        *s = f32::NEG_INFINITY
+                    }
+                });
+        }
+        if let Some(bias) = &self.bias {
+            bias.line([bi, hi, i], k0, limit)
+                .zip_with(row_open, |s, b| *s += b.to_f32());
+        }
+    }
+
+    /// Every task, each writing its own rows of `out` (and of `lse`, for training), its
+    /// softmax on `isa`'s path.
+    fn run(
+        &self,
+        isa: Isa,
+        out: &mut [E],
+        lse: Option<&mut [f32]>,
+        blocks: Blocks,
+        parallel: bool,
+    ) {
         let [_, heads, sq, _] = self.q.shape;
         if out.is_empty() {
             return;
         }
         let (head_len, block_len) = (sq * self.dv, blocks.q * self.dv);
-        let task = |bh: usize, block: usize, dst: &mut [E]| {
-            self.block(isa, bh / heads, bh % heads, block * blocks.q, dst, blocks.k)
+        let task = |bh: usize, block: usize, dst: &mut [E], lse: Option<&mut [f32]>| {
+            self.block(
+                isa,
+                bh / heads,
+                bh % heads,
+                block * blocks.q,
+                dst,
+                lse,
+                blocks.k,
+            )
         };
         // Below about a million multiply-adds (`b=1, h=12, s=16, d=64` has 0.4 M) waking the
         // pool costs more than the second thread saves.
         let [_, _, _, sk] = self.mask.map_or([0, 0, 0, self.k.shape[2]], |m| m.shape);
         let work = out.len() / self.dv * sk * (self.q.shape[3] + self.dv);
-        if parallel && work >= 1 << 20 {
-            out.par_chunks_mut(head_len)
+        match (parallel && work >= 1 << 20, lse) {
+            (true, None) => out
+                .par_chunks_mut(head_len)
                 .enumerate()
                 .for_each(|(bh, head)| {
                     head.par_chunks_mut(block_len)
                         .enumerate()
-                        .for_each(|(block, dst)| task(bh, block, dst))
-                });
-        } else {
-            for (bh, head) in out.chunks_mut(head_len).enumerate() {
-                for (block, dst) in head.chunks_mut(block_len).enumerate() {
-                    task(bh, block, dst);
+                        .for_each(|(block, dst)| task(bh, block, dst, None))
+                }),
+            (true, Some(lse)) => out
+                .par_chunks_mut(head_len)
+                .zip(lse.par_chunks_mut(sq))
+                .enumerate()
+                .for_each(|(bh, (head, lse))| {
+                    head.par_chunks_mut(block_len)
+                        .zip(lse.par_chunks_mut(blocks.q))
+                        .enumerate()
+                        .for_each(|(block, (dst, lse))| task(bh, block, dst, Some(lse)))
+                }),
+            (false, None) => {
+                for (bh, head) in out.chunks_mut(head_len).enumerate() {
+                    for (block, dst) in head.chunks_mut(block_len).enumerate() {
+                        task(bh, block, dst, None);
+                    }
+                }
+            }
+            (false, Some(lse)) => {
+                for (bh, (head, lse)) in
+                    out.chunks_mut(head_len).zip(lse.chunks_mut(sq)).enumerate()
+                {
+                    let rows = head.chunks_mut(block_len).zip(lse.chunks_mut(blocks.q));
+                    for (block, (dst, lse)) in rows.enumerate() {
+                        task(bh, block, dst, Some(lse));
+                    }
                 }
             }
         }
     }
 
-    /// The output rows `q0..q0 + dst.len()/dv` of head `(bi, hi)`, keys `block_k` at a time.
-    fn block(&self, isa: Isa, bi: usize, hi: usize, q0: usize, dst: &mut [E], block_k: usize) {
+    /// The output rows `q0..q0 + dst.len()/dv` of head `(bi, hi)` (and their log-sum-exp
+    /// into `lse`, if given), keys `block_k` at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn block(
+        &self,
+        isa: Isa,
+        bi: usize,
+        hi: usize,
+        q0: usize,
+        dst: &mut [E],
+        lse: Option<&mut [f32]>,
+        block_k: usize,
+    ) {
         let (dv, sk) = (self.dv, self.k.shape[2]);
         let nq = dst.len() / dv;
         // Keys past the causal boundary of the block's last query are masked for all of
@@ -259,10 +450,15 @@ impl<'a, E: StoredFloat> Problem<'a, E> {
         };
         if key_end == 0 {
             dst.fill(E::from_f32(0.0));
+            if let Some(lse) = lse {
+                lse.fill(f32::INFINITY);
+            }
             return;
         }
         SCRATCH.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut scratch) => self.block_in(isa, bi, hi, q0, dst, block_k, key_end, &mut scratch),
+            Ok(mut scratch) => {
+                self.block_in(isa, bi, hi, q0, dst, lse, block_k, key_end, &mut scratch)
+            }
             // Only if a task ever ran inside another on one thread.
             Err(_) => self.block_in(
                 isa,
@@ -270,6 +466,7 @@ impl<'a, E: StoredFloat> Problem<'a, E> {
                 hi,
                 q0,
                 dst,
+                lse,
                 block_k,
                 key_end,
                 &mut Scratch::default(),
@@ -285,6 +482,7 @@ impl<'a, E: StoredFloat> Problem<'a, E> {
         hi: usize,
         q0: usize,
         dst: &mut [E],
+        lse: Option<&mut [f32]>,
         block_k: usize,
         key_end: usize,
         scratch: &mut Scratch,
@@ -331,6 +529,13 @@ impl<'a, E: StoredFloat> Problem<'a, E> {
                 first: k0 == 0,
             };
             step.softmax(scores, &mut acc[..nq * dv], maxes, sums);
+            // Dropout on the weights, after their sums (the statistics are of the undropped
+            // probabilities): `out = (P∘Z)·v` once the rows are normalised.
+            if let Some(dropout) = self.dropout {
+                for (r, row) in scores.chunks_exact_mut(nk).enumerate() {
+                    dropout.apply(row, self.dropout_index(bi, hi, q0 + r, k0));
+                }
+            }
             let values = E::widen(self.v.matrix(bi, hi).rows(k0, nk), v_wide);
             gemm(
                 &mut acc[..nq * dv],
@@ -351,6 +556,16 @@ impl<'a, E: StoredFloat> Problem<'a, E> {
             let inv = 1.0 / sum.max(f32::MIN_POSITIVE);
             for (o, &a) in out.iter_mut().zip(acc) {
                 *o = E::from_f32(a * inv);
+            }
+        }
+        if let Some(lse) = lse {
+            for ((l, &max), &sum) in lse.iter_mut().zip(&*maxes).zip(&*sums) {
+                // A fully masked query: sum 0, `+∞` so that `exp(s − lse)` is 0.
+                *l = if sum == 0.0 {
+                    f32::INFINITY
+                } else {
+                    max + sum.ln()
+                };
             }
         }
     }
@@ -427,27 +642,7 @@ impl<E: StoredFloat> Step<'_, '_, E> {
                 row.iter_mut()
                     .for_each(|s| *s = cap * tanh_f::<FMA>(*s * inverse));
             }
-            // Keys `limit..` are after the causal boundary.
-            let limit = match p.causal_offset {
-                Some(offset) => {
-                    (i as isize + offset + 1 - self.k0 as isize).clamp(0, nk as isize) as usize
-                }
-                None => nk,
-            };
-            row[limit..].fill(f32::NEG_INFINITY);
-            let row_open = &mut row[..limit];
-            if let Some(mask) = &p.mask {
-                mask.line([self.bi, self.hi, i], self.k0, limit)
-                    .zip_with(row_open, |s, m| {
-                        if m != 0 {
-                            *s = f32::NEG_INFINITY
-                        }
-                    });
-            }
-            if let Some(bias) = &p.bias {
-                bias.line([self.bi, self.hi, i], self.k0, limit)
-                    .zip_with(row_open, |s, b| *s += b.to_f32());
-            }
+            p.mask_and_bias(self.bi, self.hi, i, self.k0, row);
             // The fallback clamps the maximum to `f32::MIN`: a masked row stays at `−∞ − MIN
             // = −∞` and its exponentials at 0.
             let new_max = max_of(row).max(*max);

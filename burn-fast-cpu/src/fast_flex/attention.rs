@@ -52,6 +52,7 @@ pub(super) fn forward(operands: Operands, options: &AttentionModuleOptions) -> F
         scale: options.scale.map(|s| s as f32),
         softcap: options.softcap.map(|s| s as f32),
         causal: options.is_causal,
+        dropout: None,
     };
     let mask = mask.as_ref().map(flex_view::mask4);
     let bias = bias.as_ref();
