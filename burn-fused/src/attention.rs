@@ -8,30 +8,7 @@
 
 use burn::tensor::{Bool, Tensor};
 
-// TEMP until the kernel branch lands: the keep decision the kernels will own.
-/// Dropout on attention's probabilities.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AttentionDropout {
-    /// The probability of dropping one.
-    pub prob: f32,
-    /// The seed of the keep decisions.
-    pub seed: u64,
-}
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-/// Whether the score at `index` is kept.
-pub fn dropout_keep(dropout: AttentionDropout, index: u64) -> bool {
-    let hash = mix(dropout.seed ^ mix(index));
-    (hash >> 40) as f32 * (1.0 / (1u64 << 24) as f32) >= dropout.prob
-}
-/// Every keep decision of a `[b, h, sq, sk]` problem.
-pub fn dropout_mask(dropout: AttentionDropout, shape: [usize; 4]) -> Vec<bool> {
-    let len: usize = shape.iter().product();
-    (0..len as u64).map(|i| dropout_keep(dropout, i)).collect()
-}
+pub use burn_cpu_kernels::attention::{AttentionDropout, dropout_keep, dropout_mask};
 
 use crate::FusedBackend;
 

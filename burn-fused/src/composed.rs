@@ -278,8 +278,14 @@ pub fn cross_entropy_backward<B: Backend>(
 ) -> Tensor<B, 2> {
     let [rows, classes] = logits.dims();
     let probabilities = (logits.clone() - lse.reshape([rows, 1])).exp();
+    // `one_hot` refuses a single class; the comparison with each class index does not.
+    let classes_row = Tensor::<B, 1, Int>::arange(0..classes as i64, &logits.device())
+        .reshape([1, classes])
+        .expand([rows, classes]);
     let one_hot = safe_targets(&targets, ignore_index)
-        .one_hot::<2>(classes)
+        .reshape([rows, 1])
+        .expand([rows, classes])
+        .equal(classes_row)
         .float()
         .cast(logits.dtype());
     let (weights, count) = counted(&targets, ignore_index, &logits);

@@ -4,11 +4,15 @@
 //! rounded once; `f64` tensors take the compositions.
 
 use burn::backend::flex::FlexTensor;
-use burn::tensor::{DType, Tensor, TensorPrimitive};
-use burn_cpu_kernels::{layer_norm, softmax};
+use burn::tensor::{Bool, DType, Int, Tensor, TensorPrimitive};
+use burn_cpu_kernels::attention::{self, Options};
+use burn_cpu_kernels::{StoredFloat, View4, cross_entropy, layer_norm, softmax};
+use burn_fast_cpu::flex_view::FlexFloat;
 use burn_fast_cpu::{FastFlex, flex_view};
+use half::bf16;
 
-use super::{FusedBackend, LayerNormForward, LayerNormGradients};
+use super::{AttentionForward, CrossEntropyForward, FusedBackend, LayerNormForward, LayerNormGradients};
+use crate::attention::AttentionOptions;
 use crate::composed;
 use crate::softmax::SoftmaxKind;
 
@@ -43,7 +47,178 @@ fn tensor_of<const D: usize>(values: Vec<f32>, shape: [usize; D], dtype: DType) 
     }
 }
 
+/// The kernels' options for `options` (no softcap: the fused operation has none).
+fn kernel_options(options: AttentionOptions) -> Options {
+    Options {
+        scale: options.scale.map(|s| s as f32),
+        softcap: None,
+        causal: options.causal,
+        dropout: options.dropout,
+    }
+}
+
+/// Attention's operands in the type the kernels store (`f32` or `bf16`; `f16` through
+/// `f32`), or `None` for `f64` or mixed types and masks not stored as bytes.
+fn attention_dtype(tensors: &[&Tensor<FastFlex, 4>], mask: Option<&FlexTensor>) -> Option<DType> {
+    let dtype = tensors[0].dtype();
+    let same = tensors.iter().all(|t| t.dtype() == dtype);
+    let mask_bytes = mask.is_none_or(flex_view::is_byte_mask);
+    match dtype {
+        DType::F32 | DType::BF16 | DType::F16 if same && mask_bytes => Some(dtype),
+        _ => None,
+    }
+}
+
+/// The tensor as the kernels' stored type for `dtype` (`f16` widened to `f32`).
+fn stored(tensor: Tensor<FastFlex, 4>, dtype: DType) -> FlexTensor {
+    match dtype {
+        DType::F16 => tensor.cast(DType::F32),
+        _ => tensor,
+    }
+    .into_primitive()
+    .tensor()
+}
+
+/// A kernel output in `E` as a tensor of `dtype` (rounding `f32` to `f16` where asked).
+fn from_stored<E: FlexFloat, const D: usize>(values: Vec<E>, shape: [usize; D], dtype: DType) -> Tensor<FastFlex, D> {
+    let tensor: Tensor<FastFlex, D> =
+        Tensor::from_primitive(TensorPrimitive::Float(flex_view::tensor(values, shape)));
+    if tensor.dtype() == dtype { tensor } else { tensor.cast(dtype) }
+}
+
+fn attention_forward<E: StoredFloat + FlexFloat>(
+    [q, k, v]: [&FlexTensor; 3],
+    mask: Option<View4<'_, u8>>,
+    options: AttentionOptions,
+    dtype: DType,
+) -> AttentionForward<FastFlex> {
+    let (q, k, v) = (flex_view::view4::<E>(q), flex_view::view4::<E>(k), flex_view::view4::<E>(v));
+    let ([b, h, sq, _], dv) = (q.shape(), v.shape()[3]);
+    let mut out = vec![E::default(); b * h * sq * dv];
+    let mut lse = vec![f32::INFINITY; b * h * sq];
+    attention::forward_train(&mut out, &mut lse, q, k, v, mask, None, kernel_options(options), true);
+    AttentionForward {
+        output: from_stored(out, [b, h, sq, dv], dtype),
+        lse: from_stored(lse, [b, h, sq], DType::F32),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_backward<E: StoredFloat + FlexFloat>(
+    [q, k, v, out, grad_out]: [&FlexTensor; 5],
+    mask: Option<View4<'_, u8>>,
+    lse: &[f32],
+    options: AttentionOptions,
+    dtype: DType,
+) -> [Tensor<FastFlex, 4>; 3] {
+    let [q, k, v, out, grad_out] = [q, k, v, out, grad_out].map(flex_view::view4::<E>);
+    let ([b, h, sq, d], [.., sk, dv]) = (q.shape(), v.shape());
+    let mut dq = vec![E::default(); b * h * sq * d];
+    let mut dk = vec![E::default(); b * h * sk * d];
+    let mut dvv = vec![E::default(); b * h * sk * dv];
+    attention::backward(
+        q, k, v, mask, None, out, lse, grad_out, kernel_options(options), &mut dq, &mut dk, &mut dvv, true,
+    );
+    [
+        from_stored(dq, [b, h, sq, d], dtype),
+        from_stored(dk, [b, h, sk, d], dtype),
+        from_stored(dvv, [b, h, sk, dv], dtype),
+    ]
+}
+
+/// Targets as the kernels' `i64` values.
+fn target_values(targets: Tensor<FastFlex, 1, Int>) -> Vec<i64> {
+    targets.into_data().convert::<i64>().to_vec::<i64>().expect("i64 targets")
+}
+
 impl FusedBackend for FastFlex {
+    fn fused_attention_forward(
+        q: Tensor<Self, 4>,
+        k: Tensor<Self, 4>,
+        v: Tensor<Self, 4>,
+        mask: Option<Tensor<Self, 4, Bool>>,
+        options: AttentionOptions,
+    ) -> AttentionForward<Self> {
+        let mask_primitive = mask.clone().map(|m| m.into_primitive());
+        let Some(dtype) = attention_dtype(&[&q, &k, &v], mask_primitive.as_ref()) else {
+            return composed::attention_forward(q, k, v, mask, options);
+        };
+        let [q, k, v] = [q, k, v].map(|t| stored(t, dtype));
+        let mask = mask_primitive.as_ref().map(flex_view::mask4);
+        match dtype {
+            DType::BF16 => attention_forward::<bf16>([&q, &k, &v], mask, options, dtype),
+            _ => attention_forward::<f32>([&q, &k, &v], mask, options, dtype),
+        }
+    }
+
+    fn fused_attention_backward(
+        q: Tensor<Self, 4>,
+        k: Tensor<Self, 4>,
+        v: Tensor<Self, 4>,
+        mask: Option<Tensor<Self, 4, Bool>>,
+        output: Tensor<Self, 4>,
+        lse: Tensor<Self, 3>,
+        grad_output: Tensor<Self, 4>,
+        options: AttentionOptions,
+    ) -> [Tensor<Self, 4>; 3] {
+        let mask_primitive = mask.clone().map(|m| m.into_primitive());
+        let dtype = attention_dtype(&[&q, &k, &v, &output, &grad_output], mask_primitive.as_ref());
+        let Some(dtype) = dtype.filter(|_| lse.dtype() == DType::F32) else {
+            return composed::attention_backward(q, k, v, mask, output, lse, grad_output, options);
+        };
+        let lse = f32_tensor(lse);
+        let [q, k, v, output, grad_output] = [q, k, v, output, grad_output].map(|t| stored(t, dtype));
+        let mask = mask_primitive.as_ref().map(flex_view::mask4);
+        let operands = [&q, &k, &v, &output, &grad_output];
+        match dtype {
+            DType::BF16 => attention_backward::<bf16>(operands, mask, values(&lse), options, dtype),
+            _ => attention_backward::<f32>(operands, mask, values(&lse), options, dtype),
+        }
+    }
+
+    fn fused_cross_entropy_forward(
+        logits: Tensor<Self, 2>,
+        targets: Tensor<Self, 1, Int>,
+        ignore_index: Option<usize>,
+    ) -> CrossEntropyForward<Self> {
+        if !ours(&logits) {
+            return composed::cross_entropy_forward(logits, targets, ignore_index);
+        }
+        let ([rows, n], dtype) = (logits.dims(), logits.dtype());
+        let logits = f32_tensor(logits);
+        let targets = target_values(targets);
+        let (mut lse, mut losses) = (vec![0.0f32; rows], vec![0.0f32; rows]);
+        let ignore = ignore_index.map(|i| i as i64);
+        cross_entropy::forward_rows(values(&logits), n, &targets, ignore, &mut lse, &mut losses);
+        let count = targets.iter().filter(|&&t| Some(t) != ignore).count().max(1);
+        let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / count as f64;
+        CrossEntropyForward {
+            loss: tensor_of(vec![loss as f32], [1], dtype),
+            lse: tensor_of(lse, [rows], DType::F32),
+        }
+    }
+
+    fn fused_cross_entropy_backward(
+        logits: Tensor<Self, 2>,
+        lse: Tensor<Self, 1>,
+        targets: Tensor<Self, 1, Int>,
+        ignore_index: Option<usize>,
+        grad_loss: Tensor<Self, 1>,
+    ) -> Tensor<Self, 2> {
+        if !ours(&logits) || lse.dtype() != DType::F32 {
+            return composed::cross_entropy_backward(logits, lse, targets, ignore_index, grad_loss);
+        }
+        let ([rows, n], dtype) = (logits.dims(), logits.dtype());
+        let (logits, lse) = (f32_tensor(logits), f32_tensor(lse));
+        let targets = target_values(targets);
+        let ignore = ignore_index.map(|i| i as i64);
+        let count = targets.iter().filter(|&&t| Some(t) != ignore).count().max(1);
+        let grad: f32 = grad_loss.cast(DType::F32).into_scalar();
+        let mut out = vec![0.0f32; rows * n];
+        cross_entropy::backward_rows(values(&logits), n, values(&lse), &targets, ignore, grad / count as f32, &mut out);
+        tensor_of(out, [rows, n], dtype)
+    }
+
     fn fused_layer_norm_forward(
         x: Tensor<Self, 2>,
         gamma: Tensor<Self, 1>,

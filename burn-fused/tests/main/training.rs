@@ -60,6 +60,7 @@ impl<B: FusedBackend> Tiny<B> {
 
 fn curve<B: AutodiffBackend + FusedBackend>(fused: bool) -> Vec<f32> {
     let device = Default::default();
+    B::seed(&device, 5);
     let mut model = Tiny::<B>::init(&device);
     let mut optim = AdamConfig::new().init();
     (0..50)
