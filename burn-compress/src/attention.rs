@@ -4,11 +4,9 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
-use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Bool, Tensor};
+use burn::tensor::{Bool, Distribution, Int, Tensor};
+use burn_fused::{AttentionDropout, AttentionOptions, fused_attention};
 
 use super::{AnyLinear, AnyLinearConfig, LinearKind};
 use burn_sketch::SketchBackend;
@@ -148,27 +146,20 @@ impl<B: SketchBackend> AnyMultiHeadAttention<B> {
         let [batch, seq, d_model] = input.dims();
         let device = input.device();
         let [q, k, v] = project_heads([&self.query, &self.key, &self.value], input, self.n_heads);
-        let context = if B::ad_enabled(&device) && self.dropout.prob > 0.0 {
-            // Dropout on the weights needs them: the composed form.
-            let d_k = d_model / self.n_heads;
-            let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((d_k as f64).sqrt());
-            let scores = mask_scores(scores, self.causal, mask_pad);
-            self.dropout.forward(softmax(scores, 3)).matmul(v)
-        } else {
-            // Burn's attention operation: a backend with a fused kernel (FastFlex) runs it
-            // without the `[batch, heads, seq, seq]` scores; others compose the same math.
-            let heads = self.n_heads;
-            let mask = mask_pad.map(|pad| {
-                pad.reshape([batch, 1, 1, seq])
-                    .expand([batch, heads, seq, seq])
-            });
-            let options = AttentionModuleOptions {
-                scale: None,
-                softcap: None,
-                is_causal: self.causal,
-            };
-            attention(q, k, v, mask, None, options)
+        // One fused operation (burn-fused): under `Autodiff` one graph node, with dropout on
+        // the weights drawn from a seed the backward reproduces; FastFlex runs it without the
+        // `[batch, heads, seq, seq]` scores in both directions.
+        let dropout = (B::ad_enabled(&device) && self.dropout.prob > 0.0).then(|| AttentionDropout {
+            prob: self.dropout.prob as f32,
+            seed: dropout_seed::<B>(&device),
+        });
+        let mask = mask_pad.map(|pad| pad.reshape([batch, 1, 1, seq]));
+        let options = AttentionOptions {
+            scale: None,
+            causal: self.causal,
+            dropout,
         };
+        let context = fused_attention(q, k, v, mask, options);
         self.output
             .forward(context.swap_dims(1, 2).reshape([batch, seq, d_model]))
     }
@@ -196,28 +187,13 @@ fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
         .swap_dims(1, 2)
 }
 
-/// Scores `[batch, heads, seq, seq]` with future keys (when causal) and padding keys set to
-/// [`MASKED_SCORE`].
-fn mask_scores<B: Backend>(
-    scores: Tensor<B, 4>,
-    causal: bool,
-    mask_pad: Option<Tensor<B, 2, Bool>>,
-) -> Tensor<B, 4> {
-    let [batch, heads, seq, _] = scores.dims();
-    let device = scores.device();
-    let mut scores = scores;
-    if causal {
-        // `tril_mask` is true above the diagonal: the keys after each query.
-        let future = Tensor::<B, 2, Bool>::tril_mask([seq, seq], 0, &device)
-            .reshape([1, 1, seq, seq])
-            .expand([batch, heads, seq, seq]);
-        scores = scores.mask_fill(future, MASKED_SCORE);
-    }
-    if let Some(pad) = mask_pad {
-        let pad = pad
-            .reshape([batch, 1, 1, seq])
-            .expand([batch, heads, seq, seq]);
-        scores = scores.mask_fill(pad, MASKED_SCORE);
-    }
-    scores
+/// A seed for one call's attention dropout, drawn from the backend's generator (so that
+/// `B::seed` makes training reproducible, as it does for Burn's `Dropout`).
+pub(crate) fn dropout_seed<B: Backend>(device: &B::Device) -> u64 {
+    let halves = Tensor::<B, 1, Int>::random([2], Distribution::Uniform(0.0, 4_294_967_296.0), device)
+        .into_data()
+        .convert::<i64>()
+        .to_vec::<i64>()
+        .expect("two integers");
+    ((halves[0] as u64) << 32) ^ halves[1] as u64
 }

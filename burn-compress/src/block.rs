@@ -4,6 +4,7 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Gelu, LayerNorm, LayerNormConfig};
+use burn_fused::fused_layer_norm_module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Tensor};
 
@@ -226,11 +227,16 @@ impl<B: SketchBackend> TransformerBlock<B> {
         input: Tensor<B, 3>,
         mask_pad: Option<Tensor<B, 2, Bool>>,
     ) -> Tensor<B, 3> {
-        let attended = self
-            .attention
-            .forward(self.norm_attention.forward(input.clone()), mask_pad);
+        // The norms as one fused operation each (burn-fused): under `Autodiff` one node,
+        // not Burn's decomposition into a dozen.
+        let attended = self.attention.forward(
+            fused_layer_norm_module(&self.norm_attention, input.clone()),
+            mask_pad,
+        );
         let x = input + self.dropout.forward(attended);
-        let transformed = self.mlp.forward(self.norm_mlp.forward(x.clone()));
+        let transformed = self
+            .mlp
+            .forward(fused_layer_norm_module(&self.norm_mlp, x.clone()));
         x + self.dropout.forward(transformed)
     }
 }

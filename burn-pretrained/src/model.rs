@@ -10,6 +10,7 @@ use burn::tensor::{Bool, Int, Tensor};
 use burn_compress::{
     AnyLinear, AnyLinearConfig, AnyMultiHeadAttention, AnyMultiHeadAttentionConfig,
 };
+use burn_fused::{FusedBackend, fused_layer_norm_module};
 use burn_sketch::SketchBackend;
 
 use crate::{BertConfig, PretrainedError};
@@ -138,7 +139,7 @@ impl BertConfig {
     }
 }
 
-impl<B: Backend> BertEmbeddings<B> {
+impl<B: FusedBackend> BertEmbeddings<B> {
     /// `[batch, seq]` ids to `[batch, seq, hidden]`.
     pub fn forward(&self, input: &EncoderInput<B>) -> Tensor<B, 3> {
         let [batch, seq] = input.ids.dims();
@@ -153,7 +154,7 @@ impl<B: Backend> BertEmbeddings<B> {
         let x = self.word_embeddings.forward(input.ids.clone())
             + self.position_embeddings.forward(positions)
             + self.token_type_embeddings.forward(types);
-        self.dropout.forward(self.layer_norm.forward(x))
+        self.dropout.forward(fused_layer_norm_module(&self.layer_norm, x))
     }
 }
 
@@ -171,15 +172,11 @@ impl<B: SketchBackend> BertLayer<B> {
         mask_pad: Option<Tensor<B, 2, Bool>>,
     ) -> LayerTrace<B> {
         let attended = self.attention.forward(x.clone(), mask_pad);
-        let x = self
-            .attention_norm
-            .forward(x + self.dropout.forward(attended));
+        let x = fused_layer_norm_module(&self.attention_norm, x + self.dropout.forward(attended));
         let inner = gelu(self.intermediate.forward(x.clone()));
         let out = self.output.forward(inner.clone());
         LayerTrace {
-            output: self
-                .output_norm
-                .forward(x.clone() + self.dropout.forward(out)),
+            output: fused_layer_norm_module(&self.output_norm, x.clone() + self.dropout.forward(out)),
             intermediate_input: x,
             output_input: inner,
         }

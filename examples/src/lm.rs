@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 
 use burn::config::Config;
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::ElementConversion;
@@ -21,6 +20,7 @@ use burn_compress::{
     AnyLinear, AnyLinearConfig, AttentionKind, LinearKind, TransformerBlock, TransformerBlockConfig,
 };
 use burn_memory::{Layers, MemoryError, SegmentSeeds, Segments, segmented_backward};
+use burn_fused::{fused_cross_entropy, fused_layer_norm_module};
 use burn_profiler::scope;
 use burn_sketch::SketchBackend;
 use rand_xoshiro::SplitMix64;
@@ -301,14 +301,15 @@ impl<B: SketchBackend> TransformerLm<B> {
     pub fn loss(&self, hidden: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
         let _scope = scope("head");
         let [batch, seq, _] = hidden.dims();
-        let logits = self.head.forward(self.norm.forward(hidden));
+        // The final norm and the loss as one fused operation each (burn-fused): the loss keeps
+        // one log-sum-exp per position for its backward, not the probabilities.
+        let logits = self.head.forward(fused_layer_norm_module(&self.norm, hidden));
         let vocab = logits.dims()[2];
-        CrossEntropyLossConfig::new()
-            .init(&logits.device())
-            .forward(
-                logits.reshape([batch * seq, vocab]),
-                targets.reshape([batch * seq]),
-            )
+        fused_cross_entropy(
+            logits.reshape([batch * seq, vocab]),
+            targets.reshape([batch * seq]),
+            None,
+        )
     }
 
     /// The next character's logits `[batch, vocab]` after each sequence of `tokens`
@@ -317,7 +318,7 @@ impl<B: SketchBackend> TransformerLm<B> {
         let [batch, seq] = tokens.dims();
         let hidden = self.num_layers_forward(self.embed(tokens));
         let last = hidden.slice([0..batch, seq - 1..seq]);
-        let logits = self.head.forward(self.norm.forward(last));
+        let logits = self.head.forward(fused_layer_norm_module(&self.norm, last));
         let vocab = logits.dims()[2];
         logits.reshape([batch, vocab])
     }

@@ -43,6 +43,7 @@ mod weights;
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn_fused::FusedBackend;
 
 pub use crate::activation::{Activation, ActivationExt};
 pub use gradients::{OPERANDS, SketchGradients, WantedGradients};
@@ -52,10 +53,15 @@ use weights::float;
 
 /// A backend that can compute a sketched linear layer.
 ///
+/// Its supertrait is burn-fused's [`FusedBackend`]: every backend the layers run on also has
+/// the fused training operations (attention, layer norm, softmax, cross-entropy) that
+/// burn-compress's modules call, so that a model generic over `B: SketchBackend` trains on
+/// them with no other bound.
+///
 /// The provided methods are the tensor-op path, valid on any backend (and differentiable
 /// through `Autodiff<B>`, since it only composes tensor operations). Backends with a faster
 /// path override them.
-pub trait SketchBackend: Backend {
+pub trait SketchBackend: FusedBackend {
     /// `y = f(1/(2T) · Σ_t (x·S1_t·U1_t + x·U2_t·S2_t) + bias)` for `x` of shape
     /// `[n, d_input]`, returning `[n, d_output]`; `f` is the [`Activation`], which backends
     /// with their own path apply in the product's output pass.
