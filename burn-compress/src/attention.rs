@@ -149,10 +149,11 @@ impl<B: SketchBackend> AnyMultiHeadAttention<B> {
         // One fused operation (burn-fused): under `Autodiff` one graph node, with dropout on
         // the weights drawn from a seed the backward reproduces; FastFlex runs it without the
         // `[batch, heads, seq, seq]` scores in both directions.
-        let dropout = (B::ad_enabled(&device) && self.dropout.prob > 0.0).then(|| AttentionDropout {
-            prob: self.dropout.prob as f32,
-            seed: dropout_seed::<B>(&device),
-        });
+        let dropout =
+            (B::ad_enabled(&device) && self.dropout.prob > 0.0).then(|| AttentionDropout {
+                prob: self.dropout.prob as f32,
+                seed: dropout_seed::<B>(&device),
+            });
         let mask = mask_pad.map(|pad| pad.reshape([batch, 1, 1, seq]));
         let options = AttentionOptions {
             scale: None,
@@ -190,10 +191,11 @@ fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
 /// A seed for one call's attention dropout, drawn from the backend's generator (so that
 /// `B::seed` makes training reproducible, as it does for Burn's `Dropout`).
 pub(crate) fn dropout_seed<B: Backend>(device: &B::Device) -> u64 {
-    let halves = Tensor::<B, 1, Int>::random([2], Distribution::Uniform(0.0, 4_294_967_296.0), device)
-        .into_data()
-        .convert::<i64>()
-        .to_vec::<i64>()
-        .expect("two integers");
+    let halves =
+        Tensor::<B, 1, Int>::random([2], Distribution::Uniform(0.0, 4_294_967_296.0), device)
+            .into_data()
+            .convert::<i64>()
+            .to_vec::<i64>()
+            .expect("two integers");
     ((halves[0] as u64) << 32) ^ halves[1] as u64
 }

@@ -4,9 +4,9 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Gelu, LayerNorm, LayerNormConfig};
-use burn_fused::fused_layer_norm_module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Tensor};
+use burn_fused::fused_layer_norm_module;
 
 use serde::{Deserialize, Serialize};
 

@@ -63,7 +63,10 @@ pub fn fused_attention<B: FusedBackend>(
     if let Some(mask) = &mask {
         let target = [b, h, sq, sk];
         assert!(
-            mask.dims().iter().zip(target).all(|(&m, t)| m == t || m == 1),
+            mask.dims()
+                .iter()
+                .zip(target)
+                .all(|(&m, t)| m == t || m == 1),
             "fused_attention: the mask {:?} does not broadcast to {target:?}",
             mask.dims()
         );

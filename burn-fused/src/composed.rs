@@ -25,9 +25,7 @@ pub fn attention_scores<B: Backend>(
     let [b, h, sq, d] = q.dims();
     let sk = k.dims()[2];
     let device = q.device();
-    let mut scores = q
-        .matmul(k.swap_dims(2, 3))
-        .mul_scalar(options.scale_for(d));
+    let mut scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(options.scale_for(d));
     if options.causal {
         scores = scores.mask_fill(
             causal_mask::<B>(sq, sk, &device).expand([b, h, sq, sk]),
@@ -52,7 +50,10 @@ fn causal_mask<B: Backend>(sq: usize, sk: usize, device: &B::Device) -> Tensor<B
 
 /// The dropout factors `[b, h, sq, sk]` (`1/(1 − p)` kept, `0` dropped) in the scores'
 /// type, from the keep decisions the kernels make.
-fn dropout_factors<B: Backend>(like: &Tensor<B, 4>, options: AttentionOptions) -> Option<Tensor<B, 4>> {
+fn dropout_factors<B: Backend>(
+    like: &Tensor<B, 4>,
+    options: AttentionOptions,
+) -> Option<Tensor<B, 4>> {
     let dropout = options.dropout?;
     let shape = like.dims();
     let kept = 1.0 / (1.0 - dropout.prob);
@@ -230,7 +231,10 @@ fn counted<B: Backend>(
         }
         None => (
             None,
-            Tensor::from_data(TensorData::new(vec![rows as f32], [1]), (&like.device(), like.dtype())),
+            Tensor::from_data(
+                TensorData::new(vec![rows as f32], [1]),
+                (&like.device(), like.dtype()),
+            ),
         ),
     }
 }
@@ -243,7 +247,9 @@ pub fn cross_entropy_forward<B: Backend>(
 ) -> CrossEntropyForward<B> {
     let [rows, _] = logits.dims();
     let lse = log_sum_exp(logits.clone());
-    let picked = logits.clone().gather(1, safe_targets(&targets, ignore_index).reshape([rows, 1]));
+    let picked = logits
+        .clone()
+        .gather(1, safe_targets(&targets, ignore_index).reshape([rows, 1]));
     let losses = lse.clone() - picked;
     let (weights, count) = counted(&targets, ignore_index, &logits);
     let losses = match weights {
@@ -258,7 +264,10 @@ pub fn cross_entropy_forward<B: Backend>(
 
 /// Targets with ignored ones replaced by class 0, so that `gather` and `one_hot` read a
 /// valid class (their rows are weighted by zero).
-fn safe_targets<B: Backend>(targets: &Tensor<B, 1, Int>, ignore_index: Option<usize>) -> Tensor<B, 1, Int> {
+fn safe_targets<B: Backend>(
+    targets: &Tensor<B, 1, Int>,
+    ignore_index: Option<usize>,
+) -> Tensor<B, 1, Int> {
     match ignore_index {
         Some(ignored) => {
             let mask = targets.clone().equal_elem(ignored as i64);

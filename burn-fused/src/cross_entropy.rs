@@ -4,8 +4,8 @@
 
 use burn::tensor::{Int, Tensor};
 
-pub use crate::backend::CrossEntropyForward;
 use crate::FusedBackend;
+pub use crate::backend::CrossEntropyForward;
 
 /// The mean cross-entropy of `logits` against `targets`, rows whose target is
 /// `ignore_index` left out of the mean (Burn's `CrossEntropyLoss` without label smoothing or

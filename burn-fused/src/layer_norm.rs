@@ -27,7 +27,11 @@ pub fn fused_layer_norm<B: FusedBackend, const D: usize>(
     let n = shape[D - 1];
     for (name, p) in [("gamma", Some(&gamma)), ("beta", beta.as_ref())] {
         if let Some(p) = p {
-            assert_eq!(p.dims(), [n], "fused_layer_norm: {name} does not have {n} values");
+            assert_eq!(
+                p.dims(),
+                [n],
+                "fused_layer_norm: {name} does not have {n} values"
+            );
         }
     }
     let rows = shape[..D - 1].iter().product();

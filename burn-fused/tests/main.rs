@@ -2,8 +2,8 @@
 //! decomposed computation Burn's autodiff differentiates, on NdArray, Flex and FastFlex.
 
 mod main {
-    pub mod common;
     mod attention;
+    pub mod common;
     mod rows;
     mod training;
 }

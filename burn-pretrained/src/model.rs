@@ -154,7 +154,8 @@ impl<B: FusedBackend> BertEmbeddings<B> {
         let x = self.word_embeddings.forward(input.ids.clone())
             + self.position_embeddings.forward(positions)
             + self.token_type_embeddings.forward(types);
-        self.dropout.forward(fused_layer_norm_module(&self.layer_norm, x))
+        self.dropout
+            .forward(fused_layer_norm_module(&self.layer_norm, x))
     }
 }
 
@@ -176,7 +177,10 @@ impl<B: SketchBackend> BertLayer<B> {
         let inner = gelu(self.intermediate.forward(x.clone()));
         let out = self.output.forward(inner.clone());
         LayerTrace {
-            output: fused_layer_norm_module(&self.output_norm, x.clone() + self.dropout.forward(out)),
+            output: fused_layer_norm_module(
+                &self.output_norm,
+                x.clone() + self.dropout.forward(out),
+            ),
             intermediate_input: x,
             output_input: inner,
         }

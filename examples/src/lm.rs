@@ -19,8 +19,8 @@ use burn::tensor::{Int, Tensor, TensorData};
 use burn_compress::{
     AnyLinear, AnyLinearConfig, AttentionKind, LinearKind, TransformerBlock, TransformerBlockConfig,
 };
-use burn_memory::{Layers, MemoryError, SegmentSeeds, Segments, segmented_backward};
 use burn_fused::{fused_cross_entropy, fused_layer_norm_module};
+use burn_memory::{Layers, MemoryError, SegmentSeeds, Segments, segmented_backward};
 use burn_profiler::scope;
 use burn_sketch::SketchBackend;
 use rand_xoshiro::SplitMix64;
@@ -303,7 +303,9 @@ impl<B: SketchBackend> TransformerLm<B> {
         let [batch, seq, _] = hidden.dims();
         // The final norm and the loss as one fused operation each (burn-fused): the loss keeps
         // one log-sum-exp per position for its backward, not the probabilities.
-        let logits = self.head.forward(fused_layer_norm_module(&self.norm, hidden));
+        let logits = self
+            .head
+            .forward(fused_layer_norm_module(&self.norm, hidden));
         let vocab = logits.dims()[2];
         fused_cross_entropy(
             logits.reshape([batch * seq, vocab]),

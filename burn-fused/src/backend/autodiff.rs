@@ -83,7 +83,9 @@ impl<B: FusedBackend, C: CheckpointStrategy> FusedBackend for Autodiff<B, C> {
         let inputs = [q, k, v].map(tracked);
         let mask = mask.map(bool_mask);
         let inner = |inputs: &[FloatTensor<Self>; 3], mask: Option<Tensor<B, 4, Bool>>| {
-            let [q, k, v] = inputs.each_ref().map(|t| float::<B, 4>(t.primitive.clone()));
+            let [q, k, v] = inputs
+                .each_ref()
+                .map(|t| float::<B, 4>(t.primitive.clone()));
             B::fused_attention_forward(q, k, v, mask, options)
         };
         let nodes = inputs.each_ref().map(|t| t.node.clone());
@@ -124,10 +126,9 @@ impl<B: FusedBackend, C: CheckpointStrategy> FusedBackend for Autodiff<B, C> {
         epsilon: f64,
     ) -> LayerNormForward<Self> {
         match beta {
-            Some(beta) => layer_norm::<B, C, 3>(
-                [tracked(x), tracked(gamma), tracked(beta)],
-                epsilon,
-            ),
+            Some(beta) => {
+                layer_norm::<B, C, 3>([tracked(x), tracked(gamma), tracked(beta)], epsilon)
+            }
             None => layer_norm::<B, C, 2>([tracked(x), tracked(gamma)], epsilon),
         }
     }
@@ -155,8 +156,13 @@ impl<B: FusedBackend, C: CheckpointStrategy> FusedBackend for Autodiff<B, C> {
     ) -> CrossEntropyForward<Self> {
         let logits = tracked(logits);
         let targets = int(targets);
-        let forward =
-            || B::fused_cross_entropy_forward(float(logits.primitive.clone()), targets.clone(), ignore_index);
+        let forward = || {
+            B::fused_cross_entropy_forward(
+                float(logits.primitive.clone()),
+                targets.clone(),
+                ignore_index,
+            )
+        };
         match (CrossEntropyBackward { ignore_index })
             .prepare::<C>([logits.node.clone()])
             .compute_bound()
@@ -204,10 +210,16 @@ type AttentionState<B> = (
 impl<B: FusedBackend> Backward<B, 3> for AttentionBackward {
     type State = AttentionState<B>;
 
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+    fn backward(
+        self,
+        ops: Ops<Self::State, 3>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
         let grad_output = grads.consume::<B>(&ops.node);
         let (ids, mask, out, lse) = ops.state;
-        let [q, k, v] = ids.map(|id| float(checkpointer.retrieve_node_output::<FloatTensor<B>>(id)));
+        let [q, k, v] =
+            ids.map(|id| float(checkpointer.retrieve_node_output::<FloatTensor<B>>(id)));
         let result = B::fused_attention_backward(
             q,
             k,
@@ -279,10 +291,16 @@ fn layer_norm<B: FusedBackend, C: CheckpointStrategy, const N: usize>(
 impl<B: FusedBackend, const N: usize> Backward<B, N> for LayerNormBackward<N> {
     type State = LayerNormState<B>;
 
-    fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+    fn backward(
+        self,
+        ops: Ops<Self::State, N>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
         let grad_output = grads.consume::<B>(&ops.node);
         let ([x, gamma], mean, rstd) = ops.state;
-        let [x, gamma] = [x, gamma].map(|id| checkpointer.retrieve_node_output::<FloatTensor<B>>(id));
+        let [x, gamma] =
+            [x, gamma].map(|id| checkpointer.retrieve_node_output::<FloatTensor<B>>(id));
         let parents = &ops.parents;
         let wanted = [parents[1].is_some(), N == 3 && parents[2].is_some()];
         let result = B::fused_layer_norm_backward(
@@ -330,7 +348,12 @@ type CrossEntropyState<B> = (NodeId, FloatTensor<B>, IntTensor<B>);
 impl<B: FusedBackend> Backward<B, 1> for CrossEntropyBackward {
     type State = CrossEntropyState<B>;
 
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
         let grad_loss = grads.consume::<B>(&ops.node);
         let (id, lse, targets) = ops.state;
         let logits = checkpointer.retrieve_node_output::<FloatTensor<B>>(id);

@@ -11,7 +11,9 @@ use burn_fast_cpu::flex_view::FlexFloat;
 use burn_fast_cpu::{FastFlex, flex_view};
 use half::bf16;
 
-use super::{AttentionForward, CrossEntropyForward, FusedBackend, LayerNormForward, LayerNormGradients};
+use super::{
+    AttentionForward, CrossEntropyForward, FusedBackend, LayerNormForward, LayerNormGradients,
+};
 use crate::attention::AttentionOptions;
 use crate::composed;
 use crate::softmax::SoftmaxKind;
@@ -37,7 +39,11 @@ fn values(tensor: &FlexTensor) -> &[f32] {
 }
 
 /// `f32` values as a tensor of `shape` in `dtype`.
-fn tensor_of<const D: usize>(values: Vec<f32>, shape: [usize; D], dtype: DType) -> Tensor<FastFlex, D> {
+fn tensor_of<const D: usize>(
+    values: Vec<f32>,
+    shape: [usize; D],
+    dtype: DType,
+) -> Tensor<FastFlex, D> {
     let tensor: Tensor<FastFlex, D> =
         Tensor::from_primitive(TensorPrimitive::Float(flex_view::tensor(values, shape)));
     if dtype == DType::F32 {
@@ -80,10 +86,18 @@ fn stored(tensor: Tensor<FastFlex, 4>, dtype: DType) -> FlexTensor {
 }
 
 /// A kernel output in `E` as a tensor of `dtype` (rounding `f32` to `f16` where asked).
-fn from_stored<E: FlexFloat, const D: usize>(values: Vec<E>, shape: [usize; D], dtype: DType) -> Tensor<FastFlex, D> {
+fn from_stored<E: FlexFloat, const D: usize>(
+    values: Vec<E>,
+    shape: [usize; D],
+    dtype: DType,
+) -> Tensor<FastFlex, D> {
     let tensor: Tensor<FastFlex, D> =
         Tensor::from_primitive(TensorPrimitive::Float(flex_view::tensor(values, shape)));
-    if tensor.dtype() == dtype { tensor } else { tensor.cast(dtype) }
+    if tensor.dtype() == dtype {
+        tensor
+    } else {
+        tensor.cast(dtype)
+    }
 }
 
 fn attention_forward<E: StoredFloat + FlexFloat>(
@@ -92,11 +106,25 @@ fn attention_forward<E: StoredFloat + FlexFloat>(
     options: AttentionOptions,
     dtype: DType,
 ) -> AttentionForward<FastFlex> {
-    let (q, k, v) = (flex_view::view4::<E>(q), flex_view::view4::<E>(k), flex_view::view4::<E>(v));
+    let (q, k, v) = (
+        flex_view::view4::<E>(q),
+        flex_view::view4::<E>(k),
+        flex_view::view4::<E>(v),
+    );
     let ([b, h, sq, _], dv) = (q.shape(), v.shape()[3]);
     let mut out = vec![E::default(); b * h * sq * dv];
     let mut lse = vec![f32::INFINITY; b * h * sq];
-    attention::forward_train(&mut out, &mut lse, q, k, v, mask, None, kernel_options(options), true);
+    attention::forward_train(
+        &mut out,
+        &mut lse,
+        q,
+        k,
+        v,
+        mask,
+        None,
+        kernel_options(options),
+        true,
+    );
     AttentionForward {
         output: from_stored(out, [b, h, sq, dv], dtype),
         lse: from_stored(lse, [b, h, sq], DType::F32),
@@ -117,7 +145,19 @@ fn attention_backward<E: StoredFloat + FlexFloat>(
     let mut dk = vec![E::default(); b * h * sk * d];
     let mut dvv = vec![E::default(); b * h * sk * dv];
     attention::backward(
-        q, k, v, mask, None, out, lse, grad_out, kernel_options(options), &mut dq, &mut dk, &mut dvv, true,
+        q,
+        k,
+        v,
+        mask,
+        None,
+        out,
+        lse,
+        grad_out,
+        kernel_options(options),
+        &mut dq,
+        &mut dk,
+        &mut dvv,
+        true,
     );
     [
         from_stored(dq, [b, h, sq, d], dtype),
@@ -128,7 +168,11 @@ fn attention_backward<E: StoredFloat + FlexFloat>(
 
 /// Targets as the kernels' `i64` values.
 fn target_values(targets: Tensor<FastFlex, 1, Int>) -> Vec<i64> {
-    targets.into_data().convert::<i64>().to_vec::<i64>().expect("i64 targets")
+    targets
+        .into_data()
+        .convert::<i64>()
+        .to_vec::<i64>()
+        .expect("i64 targets")
 }
 
 impl FusedBackend for FastFlex {
@@ -162,12 +206,16 @@ impl FusedBackend for FastFlex {
         options: AttentionOptions,
     ) -> [Tensor<Self, 4>; 3] {
         let mask_primitive = mask.clone().map(|m| m.into_primitive());
-        let dtype = attention_dtype(&[&q, &k, &v, &output, &grad_output], mask_primitive.as_ref());
+        let dtype = attention_dtype(
+            &[&q, &k, &v, &output, &grad_output],
+            mask_primitive.as_ref(),
+        );
         let Some(dtype) = dtype.filter(|_| lse.dtype() == DType::F32) else {
             return composed::attention_backward(q, k, v, mask, output, lse, grad_output, options);
         };
         let lse = f32_tensor(lse);
-        let [q, k, v, output, grad_output] = [q, k, v, output, grad_output].map(|t| stored(t, dtype));
+        let [q, k, v, output, grad_output] =
+            [q, k, v, output, grad_output].map(|t| stored(t, dtype));
         let mask = mask_primitive.as_ref().map(flex_view::mask4);
         let operands = [&q, &k, &v, &output, &grad_output];
         match dtype {
@@ -190,7 +238,11 @@ impl FusedBackend for FastFlex {
         let (mut lse, mut losses) = (vec![0.0f32; rows], vec![0.0f32; rows]);
         let ignore = ignore_index.map(|i| i as i64);
         cross_entropy::forward_rows(values(&logits), n, &targets, ignore, &mut lse, &mut losses);
-        let count = targets.iter().filter(|&&t| Some(t) != ignore).count().max(1);
+        let count = targets
+            .iter()
+            .filter(|&&t| Some(t) != ignore)
+            .count()
+            .max(1);
         let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / count as f64;
         CrossEntropyForward {
             loss: tensor_of(vec![loss as f32], [1], dtype),
@@ -212,10 +264,22 @@ impl FusedBackend for FastFlex {
         let (logits, lse) = (f32_tensor(logits), f32_tensor(lse));
         let targets = target_values(targets);
         let ignore = ignore_index.map(|i| i as i64);
-        let count = targets.iter().filter(|&&t| Some(t) != ignore).count().max(1);
+        let count = targets
+            .iter()
+            .filter(|&&t| Some(t) != ignore)
+            .count()
+            .max(1);
         let grad: f32 = grad_loss.cast(DType::F32).into_scalar();
         let mut out = vec![0.0f32; rows * n];
-        cross_entropy::backward_rows(values(&logits), n, values(&lse), &targets, ignore, grad / count as f32, &mut out);
+        cross_entropy::backward_rows(
+            values(&logits),
+            n,
+            values(&lse),
+            &targets,
+            ignore,
+            grad / count as f32,
+            &mut out,
+        );
         tensor_of(out, [rows, n], dtype)
     }
 
@@ -272,7 +336,12 @@ impl FusedBackend for FastFlex {
             );
         }
         let ([rows, n], dtype, gamma_dtype) = (x.dims(), x.dtype(), gamma.dtype());
-        let [x, gamma, mean, rstd] = [f32_tensor(x), f32_tensor(gamma), f32_tensor(mean), f32_tensor(rstd)];
+        let [x, gamma, mean, rstd] = [
+            f32_tensor(x),
+            f32_tensor(gamma),
+            f32_tensor(mean),
+            f32_tensor(rstd),
+        ];
         let grad_output = f32_tensor(grad_output);
         let mut dx = vec![0.0f32; rows * n];
         let mut dgamma = want_gamma.then(|| vec![0.0f32; n]);
@@ -304,7 +373,14 @@ impl FusedBackend for FastFlex {
         let x = f32_tensor(x);
         let mut y = vec![0.0f32; rows * n];
         let log = kind == SoftmaxKind::LogSoftmax;
-        softmax::forward_rows_on(burn_cpu_kernels::Isa::detected(), log, Some(values(&x)), &mut y, n, None);
+        softmax::forward_rows_on(
+            burn_cpu_kernels::Isa::detected(),
+            log,
+            Some(values(&x)),
+            &mut y,
+            n,
+            None,
+        );
         tensor_of(y, [rows, n], dtype)
     }
 
@@ -321,7 +397,14 @@ impl FusedBackend for FastFlex {
         let (y, dy) = (f32_tensor(output), f32_tensor(grad_output));
         let mut dx = vec![0.0f32; rows * n];
         let log = kind == SoftmaxKind::LogSoftmax;
-        softmax::backward_rows_on(burn_cpu_kernels::Isa::detected(), log, values(&y), Some(values(&dy)), &mut dx, n);
+        softmax::backward_rows_on(
+            burn_cpu_kernels::Isa::detected(),
+            log,
+            values(&y),
+            Some(values(&dy)),
+            &mut dx,
+            n,
+        );
         tensor_of(dx, [rows, n], dtype)
     }
 }

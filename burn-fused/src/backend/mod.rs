@@ -6,6 +6,8 @@ mod autodiff;
 #[cfg(feature = "flex")]
 mod fast_flex;
 mod others;
+#[cfg(feature = "profile")]
+mod profiled;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};

@@ -1,6 +1,5 @@
 //! The backends whose fused operations are the compositions: Flex, NdArray, every CubeCL
-//! backend, `Fusion<B>` and burn-profiler's `Profiled<B>` (which then records the
-//! compositions' operations).
+//! backend and `Fusion<B>`.
 //!
 //! Why no kernels here yet: on the GPU backends the compositions are what Burn's own
 //! autodiff would run (minus the graph nodes), and NdArray and Flex are the reference CPU
@@ -32,6 +31,3 @@ where
 
 #[cfg(feature = "fusion")]
 impl<B: burn_fusion::FusionBackend> FusedBackend for burn_fusion::Fusion<B> {}
-
-#[cfg(feature = "profile")]
-impl<B: FusedBackend> FusedBackend for burn_profiler::Profiled<B> {}

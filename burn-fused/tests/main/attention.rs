@@ -16,12 +16,18 @@ enum Mask {
     None,
     /// `[b, 1, 1, sk]`: the last `b_index + 1` keys of each batch padded; with `all`, the
     /// last batch entirely (its queries see no key).
-    Padding { all: bool },
+    Padding {
+        all: bool,
+    },
     /// `[b, h, sq, sk]`, every score masked at random.
     Full,
 }
 
-fn mask<B: AutodiffBackend>(case: Mask, [b, h, sq, sk]: [usize; 4], device: &B::Device) -> Option<Tensor<B, 4, Bool>> {
+fn mask<B: AutodiffBackend>(
+    case: Mask,
+    [b, h, sq, sk]: [usize; 4],
+    device: &B::Device,
+) -> Option<Tensor<B, 4, Bool>> {
     match case {
         Mask::None => None,
         Mask::Padding { all } => {
@@ -31,12 +37,18 @@ fn mask<B: AutodiffBackend>(case: Mask, [b, h, sq, sk]: [usize; 4], device: &B::
                     (all && bi == b - 1) || j + bi + 1 >= sk.max(1) && j > 0
                 })
                 .collect();
-            Some(Tensor::from_data(TensorData::new(values, [b, 1, 1, sk]), device))
+            Some(Tensor::from_data(
+                TensorData::new(values, [b, 1, 1, sk]),
+                device,
+            ))
         }
         Mask::Full => {
             let noise = burn_cpu_kernels::testing::uniform(b * h * sq * sk, 77, [0.0, 1.0]);
             let values: Vec<bool> = noise.iter().map(|&u| u < 0.3).collect();
-            Some(Tensor::from_data(TensorData::new(values, [b, h, sq, sk]), device))
+            Some(Tensor::from_data(
+                TensorData::new(values, [b, h, sq, sk]),
+                device,
+            ))
         }
     }
 }
@@ -56,13 +68,18 @@ fn case<B: AutodiffBackend + FusedBackend>(
     let v = seeded::<B, 4>([b, h, sk, dv], 3, 1.0, &device);
     let w = seeded::<B, 4>([b, h, sq, dv], 4, 1.0, &device);
     let mask = mask::<B>(mask_case, [b, h, sq, sk], &device);
-    let what = format!("{:?} {:?} {mask_case:?} {options:?}", B::name(&device), [b, h, sq, sk, d, dv]);
+    let what = format!(
+        "{:?} {:?} {mask_case:?} {options:?}",
+        B::name(&device),
+        [b, h, sq, sk, d, dv]
+    );
     let run = |fused: bool| {
         let [q, k, v] = [&q, &k, &v].map(|t| t.clone().require_grad());
         let out = if fused {
             fused_attention(q.clone(), k.clone(), v.clone(), mask.clone(), options)
         } else {
-            composed::attention_forward(q.clone(), k.clone(), v.clone(), mask.clone(), options).output
+            composed::attention_forward(q.clone(), k.clone(), v.clone(), mask.clone(), options)
+                .output
         };
         let grads = (out.clone() * w.clone()).sum().backward();
         let grad = |t: &Tensor<B, 4>| t.grad(&grads).map(Tensor::<B, 4>::from_inner);
@@ -71,11 +88,18 @@ fn case<B: AutodiffBackend + FusedBackend>(
     let (out, grads) = run(true);
     let (expected, expected_grads) = run(false);
     assert_close(out.clone(), expected, tolerance, &format!("{what}: output"));
-    for (name, (g, e)) in ["dq", "dk", "dv"].iter().zip(grads.into_iter().zip(expected_grads)) {
+    for (name, (g, e)) in ["dq", "dk", "dv"]
+        .iter()
+        .zip(grads.into_iter().zip(expected_grads))
+    {
         match (g, e) {
             (Some(g), Some(e)) => assert_close(g, e, tolerance, &format!("{what}: {name}")),
             (None, None) if sq * sk == 0 => {}
-            (g, e) => panic!("{what}: {name} present {} expected {}", g.is_some(), e.is_some()),
+            (g, e) => panic!(
+                "{what}: {name} present {} expected {}",
+                g.is_some(),
+                e.is_some()
+            ),
         }
     }
     if options.dropout.is_none() && sq * sk > 0 {
@@ -87,7 +111,12 @@ fn case<B: AutodiffBackend + FusedBackend>(
             is_causal: options.causal,
         };
         let burn = burn::tensor::module::attention(q, k, v, burn_mask, None, burn_options);
-        assert_close(out, burn, tolerance, &format!("{what}: against Burn's attention"));
+        assert_close(
+            out,
+            burn,
+            tolerance,
+            &format!("{what}: against Burn's attention"),
+        );
     }
 }
 
@@ -104,14 +133,24 @@ fn all_cases<B: AutodiffBackend + FusedBackend>(tolerance: f64)
 where
     B::InnerBackend: FusedBackend,
 {
-    let dropout = Some(AttentionDropout { prob: 0.25, seed: 9 });
+    let dropout = Some(AttentionDropout {
+        prob: 0.25,
+        seed: 9,
+    });
     for shape in SHAPES {
         for causal in [false, true] {
             for mask_case in [Mask::None, Mask::Padding { all: true }, Mask::Full] {
-                let options = AttentionOptions { causal, ..Default::default() };
+                let options = AttentionOptions {
+                    causal,
+                    ..Default::default()
+                };
                 case::<B>(shape, mask_case, options, tolerance);
             }
-            let options = AttentionOptions { causal, dropout, scale: Some(0.3) };
+            let options = AttentionOptions {
+                causal,
+                dropout,
+                scale: Some(0.3),
+            };
             case::<B>(shape, Mask::Padding { all: false }, options, tolerance);
         }
     }
@@ -160,9 +199,16 @@ fn permuted_and_bf16_operands() {
         B::InnerBackend: FusedBackend,
     {
         let device = Default::default();
-        let split = |seed| seeded::<B, 4>([2, 17, 3, 8], seed, 1.0, &device).swap_dims(1, 2).cast(dtype);
+        let split = |seed| {
+            seeded::<B, 4>([2, 17, 3, 8], seed, 1.0, &device)
+                .swap_dims(1, 2)
+                .cast(dtype)
+        };
         let [q, k, v] = [1, 2, 3].map(split);
-        let options = AttentionOptions { causal: true, ..Default::default() };
+        let options = AttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
         let run = |fused: bool| {
             let [q, k, v] = [&q, &k, &v].map(|t| t.clone().require_grad());
             let out = if fused {
@@ -171,7 +217,8 @@ fn permuted_and_bf16_operands() {
                 composed::attention_forward(q.clone(), k.clone(), v.clone(), None, options).output
             };
             let grads = out.clone().cast(DType::F32).powi_scalar(2).sum().backward();
-            let g = [&q, &k, &v].map(|t| Tensor::<B, 4>::from_inner(t.grad(&grads).expect("a gradient")));
+            let g = [&q, &k, &v]
+                .map(|t| Tensor::<B, 4>::from_inner(t.grad(&grads).expect("a gradient")));
             (out, g)
         };
         let ((out, g), (e_out, e_g)) = (run(true), run(false));
@@ -190,7 +237,8 @@ fn permuted_and_bf16_operands() {
 #[test]
 fn dropout_is_seeded() {
     let shape = [2, 3, 40, 50];
-    let mask = |seed| burn_fused::attention::dropout_mask(AttentionDropout { prob: 0.25, seed }, shape);
+    let mask =
+        |seed| burn_fused::attention::dropout_mask(AttentionDropout { prob: 0.25, seed }, shape);
     let (a, b) = (mask(1), mask(2));
     assert_eq!(a, mask(1));
     assert_ne!(a, b);

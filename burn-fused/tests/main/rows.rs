@@ -15,17 +15,30 @@ use burn_fused::{
 
 use super::common::{assert_close, seeded};
 
-fn grad_of<B: AutodiffBackend, const D: usize>(t: &Tensor<B, D>, grads: &B::Gradients) -> Tensor<B, D> {
+fn grad_of<B: AutodiffBackend, const D: usize>(
+    t: &Tensor<B, D>,
+    grads: &B::Gradients,
+) -> Tensor<B, D> {
     Tensor::from_inner(t.grad(grads).expect("a gradient"))
 }
 
 fn layer_norm_cases<B: AutodiffBackend + FusedBackend>(tolerance: f64) {
     let device = Default::default();
-    for (shape, bias, epsilon) in [([3, 5, 7], true, 1e-5), ([1, 1, 1], true, 1e-5), ([2, 9, 384], false, 1e-12), ([0, 4, 8], true, 1e-5)] {
+    for (shape, bias, epsilon) in [
+        ([3, 5, 7], true, 1e-5),
+        ([1, 1, 1], true, 1e-5),
+        ([2, 9, 384], false, 1e-12),
+        ([0, 4, 8], true, 1e-5),
+    ] {
         let n = shape[2];
-        let mut norm = LayerNormConfig::new(n).with_bias(bias).with_epsilon(epsilon).init::<B>(&device);
+        let mut norm = LayerNormConfig::new(n)
+            .with_bias(bias)
+            .with_epsilon(epsilon)
+            .init::<B>(&device);
         assert_eq!(layer_norm_epsilon(&norm), epsilon);
-        norm.gamma = norm.gamma.map(|_| seeded::<B, 1>([n], 5, 2.0, &device).require_grad());
+        norm.gamma = norm
+            .gamma
+            .map(|_| seeded::<B, 1>([n], 5, 2.0, &device).require_grad());
         if let Some(beta) = norm.beta.take() {
             norm.beta = Some(beta.map(|_| seeded::<B, 1>([n], 6, 1.0, &device).require_grad()));
         }
@@ -33,11 +46,28 @@ fn layer_norm_cases<B: AutodiffBackend + FusedBackend>(tolerance: f64) {
         let w = seeded::<B, 3>(shape, 8, 1.0, &device);
         let run = |fused: bool| {
             let x = x.clone().require_grad();
-            let y = if fused { fused_layer_norm_module(&norm, x.clone()) } else { norm.forward(x.clone()) };
+            let y = if fused {
+                fused_layer_norm_module(&norm, x.clone())
+            } else {
+                norm.forward(x.clone())
+            };
             let grads = (y.clone() * w.clone()).sum().backward();
-            let gamma = norm.gamma.val().grad(&grads).map(Tensor::<B, 1>::from_inner);
-            let beta = norm.beta.as_ref().and_then(|b| b.val().grad(&grads)).map(Tensor::<B, 1>::from_inner);
-            (y, x.grad(&grads).map(Tensor::<B, 3>::from_inner), gamma, beta)
+            let gamma = norm
+                .gamma
+                .val()
+                .grad(&grads)
+                .map(Tensor::<B, 1>::from_inner);
+            let beta = norm
+                .beta
+                .as_ref()
+                .and_then(|b| b.val().grad(&grads))
+                .map(Tensor::<B, 1>::from_inner);
+            (
+                y,
+                x.grad(&grads).map(Tensor::<B, 3>::from_inner),
+                gamma,
+                beta,
+            )
         };
         let what = format!("{} layer norm {shape:?}", B::name(&device));
         let (y, dx, dg, db) = run(true);
@@ -59,7 +89,12 @@ fn layer_norm_cases<B: AutodiffBackend + FusedBackend>(tolerance: f64) {
 
 fn softmax_cases<B: AutodiffBackend + FusedBackend>(tolerance: f64) {
     let device = Default::default();
-    for (shape, dim) in [([2, 3, 7], 2), ([4, 5, 6], 1), ([1, 1, 1], 2), ([3, 2, 1000], 2)] {
+    for (shape, dim) in [
+        ([2, 3, 7], 2),
+        ([4, 5, 6], 1),
+        ([1, 1, 1], 2),
+        ([3, 2, 1000], 2),
+    ] {
         let x = seeded::<B, 3>(shape, 11, 6.0, &device);
         let w = seeded::<B, 3>(shape, 12, 1.0, &device);
         for log in [false, true] {
@@ -74,7 +109,10 @@ fn softmax_cases<B: AutodiffBackend + FusedBackend>(tolerance: f64) {
                 let grads = (y.clone() * w.clone()).sum().backward();
                 (y, grad_of(&x, &grads))
             };
-            let what = format!("{} softmax (log {log}) {shape:?} over {dim}", B::name(&device));
+            let what = format!(
+                "{} softmax (log {log}) {shape:?} over {dim}",
+                B::name(&device)
+            );
             let ((y, dx), (ey, edx)) = (run(true), run(false));
             assert_close(y, ey, tolerance, &what);
             assert_close(dx, edx, tolerance, &format!("{what}: dx"));
@@ -84,7 +122,12 @@ fn softmax_cases<B: AutodiffBackend + FusedBackend>(tolerance: f64) {
 
 fn cross_entropy_cases<B: AutodiffBackend + FusedBackend>(tolerance: f64) {
     let device = Default::default();
-    for (rows, classes, ignore) in [(6, 97, None), (1, 1, None), (5, 13, Some(2)), (64, 1000, None)] {
+    for (rows, classes, ignore) in [
+        (6, 97, None),
+        (1, 1, None),
+        (5, 13, Some(2)),
+        (64, 1000, None),
+    ] {
         let logits = seeded::<B, 2>([rows, classes], 21, 8.0, &device);
         let targets: Vec<i64> = (0..rows).map(|r| ((r * 7 + 3) % classes) as i64).collect();
         let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [rows]), &device);
@@ -94,12 +137,17 @@ fn cross_entropy_cases<B: AutodiffBackend + FusedBackend>(tolerance: f64) {
                 fused_cross_entropy(logits.clone(), targets.clone(), ignore)
             } else {
                 let config = CrossEntropyLossConfig::new().with_pad_tokens(ignore.map(|i| vec![i]));
-                config.init(&device).forward(logits.clone(), targets.clone())
+                config
+                    .init(&device)
+                    .forward(logits.clone(), targets.clone())
             };
             let grads = loss.clone().mul_scalar(3.0).backward();
             (loss, grad_of(&logits, &grads))
         };
-        let what = format!("{} cross-entropy {rows} x {classes} ignoring {ignore:?}", B::name(&device));
+        let what = format!(
+            "{} cross-entropy {rows} x {classes} ignoring {ignore:?}",
+            B::name(&device)
+        );
         let ((loss, dx), (e_loss, e_dx)) = (run(true), run(false));
         assert_close(loss, e_loss, tolerance, &what);
         assert_close(dx, e_dx, tolerance, &format!("{what}: dlogits"));

@@ -8,7 +8,10 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use burn_fast_cpu::FastFlex;
-use burn_fused::{AttentionOptions, FusedBackend, composed, fused_attention, fused_cross_entropy, fused_layer_norm_module};
+use burn_fused::{
+    AttentionOptions, FusedBackend, composed, fused_attention, fused_cross_entropy,
+    fused_layer_norm_module,
+};
 
 use super::common::seeded;
 
@@ -36,13 +39,38 @@ impl<B: FusedBackend> Tiny<B> {
         }
     }
 
-    fn loss(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 1, Int>, fused: bool) -> Tensor<B, 1> {
-        let x = self.embed.val().select(0, tokens.reshape([BATCH * SEQ])).reshape([BATCH, SEQ, D]);
-        let x = if fused { fused_layer_norm_module(&self.norm, x) } else { self.norm.forward(x) };
+    fn loss(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        targets: Tensor<B, 1, Int>,
+        fused: bool,
+    ) -> Tensor<B, 1> {
+        let x = self
+            .embed
+            .val()
+            .select(0, tokens.reshape([BATCH * SEQ]))
+            .reshape([BATCH, SEQ, D]);
+        let x = if fused {
+            fused_layer_norm_module(&self.norm, x)
+        } else {
+            self.norm.forward(x)
+        };
         let heads = |t: Tensor<B, 3>| t.reshape([BATCH, SEQ, HEADS, D / HEADS]).swap_dims(1, 2);
-        let mut parts = self.qkv.forward(x.clone()).chunk(3, 2).into_iter().map(heads);
-        let (q, k, v) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
-        let options = AttentionOptions { causal: true, ..Default::default() };
+        let mut parts = self
+            .qkv
+            .forward(x.clone())
+            .chunk(3, 2)
+            .into_iter()
+            .map(heads);
+        let (q, k, v) = (
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+        );
+        let options = AttentionOptions {
+            causal: true,
+            ..Default::default()
+        };
         let context = if fused {
             fused_attention(q, k, v, None, options)
         } else {
@@ -65,7 +93,9 @@ fn curve<B: AutodiffBackend + FusedBackend>(fused: bool) -> Vec<f32> {
     let mut optim = AdamConfig::new().init();
     (0..50)
         .map(|step| {
-            let ids: Vec<i64> = (0..BATCH * SEQ).map(|i| ((i * 5 + step * 3) % VOCAB) as i64).collect();
+            let ids: Vec<i64> = (0..BATCH * SEQ)
+                .map(|i| ((i * 5 + step * 3) % VOCAB) as i64)
+                .collect();
             let next: Vec<i64> = ids.iter().map(|t| (t + 1) % VOCAB as i64).collect();
             let tokens = Tensor::from_data(TensorData::new(ids, [BATCH, SEQ]), &device);
             let targets = Tensor::from_data(TensorData::new(next, [BATCH * SEQ]), &device);
@@ -80,9 +110,15 @@ fn curve<B: AutodiffBackend + FusedBackend>(fused: bool) -> Vec<f32> {
 
 fn same_curve<B: AutodiffBackend + FusedBackend>() {
     let (fused, decomposed) = (curve::<B>(true), curve::<B>(false));
-    assert!(decomposed[49] < decomposed[0] * 0.5, "the model learns: {decomposed:?}");
+    assert!(
+        decomposed[49] < decomposed[0] * 0.5,
+        "the model learns: {decomposed:?}"
+    );
     for (step, (a, b)) in fused.iter().zip(&decomposed).enumerate() {
-        assert!((a - b).abs() <= 2e-3 * b.abs(), "step {step}: fused {a}, decomposed {b}");
+        assert!(
+            (a - b).abs() <= 2e-3 * b.abs(),
+            "step {step}: fused {a}, decomposed {b}"
+        );
     }
 }
 
