@@ -35,8 +35,10 @@
 //! - [`placement`]: consecutive layers placed on several devices (model parallelism).
 //!
 //! Shared by several of these: [`Layers`] (a model as a sequence of layers, which segment
-//! checkpointing, offloading and placement take) and [`draw_params`] (lazily initialised
-//! parameters drawn once, before a model is copied).
+//! checkpointing, offloading and placement take), [`draw_params`] (lazily initialised
+//! parameters drawn once, before a model is copied) and [`detach_params`] (a copy's parameters
+//! on autodiff nodes of their own, so that trainings on several threads at once share none:
+//! Burn 0.21 deadlocks when they do).
 //!
 //! [`hooks`] is not a user API: it is how burn-data-parallel reaches mixed precision and how
 //! burn-profiler starts the allocation log.
@@ -97,7 +99,7 @@ pub use measure::{
 pub use measure::{DeviceMemoryMetric, MemoryQuantity};
 #[cfg(feature = "plot")]
 pub use measure::{PlotFormat, register_plot_font};
-pub use params::draw_params;
+pub use params::{detach_params, draw_params};
 pub use placement::{DeviceTransfer, MapLayer, Placed, Placement, ToDevice};
 pub use training::{
     BatchSearchResult, BatchSizeSearch, BatchSizeSearchConfig, BatchTrial, BatchTrialFailure,

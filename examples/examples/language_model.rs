@@ -115,11 +115,11 @@ struct Args {
     /// Dropout of the segment-checkpointing extra (whose point is reproducing the masks).
     #[arg(long, default_value_t = 0.1)]
     extras_dropout: f64,
-    /// Training runs in parallel (the memory and speed measurements run alone). One by default:
-    /// Burn 0.21's autodiff graphs are not safe across threads that train at once (two runs
-    /// deadlock in its graph locator's cleanup; tracel-ai/burn#5573 is the same family), and
-    /// each run's operations use every core anyway.
-    #[arg(long, default_value_t = 1)]
+    /// Training runs in parallel (the memory and speed measurements run alone); the machine's
+    /// available parallelism by default. Each run trains its model on parameters of its own
+    /// (`burn_memory::detach_params`: the fine-tuning runs start from one trained model, and
+    /// two trainings sharing a parameter's autodiff node deadlock in Burn 0.21).
+    #[arg(long, default_value_t = available_threads())]
     threads: usize,
     /// Data parallel across the processes of an MPI job (`mpirun -np N` on a build with
     /// `--features mpi`): each step of every run takes the ranks' slices of its batch and
@@ -208,6 +208,11 @@ fn arms(args: &Args) -> Vec<Arm> {
         mlp: LinearKind::Dense,
     });
     arms
+}
+
+/// `--threads`'s default: the threads the machine can run at once (one if unknown).
+fn available_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -490,6 +495,9 @@ where
                             start,
                             model,
                         } = job;
+                        // The fine-tuning runs' models share the trained model's unconverted
+                        // parameters: on nodes of their own, the runs' graphs never merge.
+                        let model = burn_memory::detach_params(model);
                         let (model, mut run) =
                             train(model, &name, seed, steps, corpus, &valid, args, bar)?;
                         let profile = profiles[profile];

@@ -22,4 +22,5 @@ mod own_process;
 mod placement;
 mod segments;
 mod streaming;
+mod threads;
 mod wgpu;
