@@ -191,11 +191,12 @@ fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
 /// A seed for one call's attention dropout, drawn from the backend's generator (so that
 /// `B::seed` makes training reproducible, as it does for Burn's `Dropout`).
 pub(crate) fn dropout_seed<B: Backend>(device: &B::Device) -> u64 {
+    // 31 bits each: every backend's integer element (i32 at least) holds them.
     let halves =
-        Tensor::<B, 1, Int>::random([2], Distribution::Uniform(0.0, 4_294_967_296.0), device)
+        Tensor::<B, 1, Int>::random([2], Distribution::Uniform(0.0, 2_147_483_647.0), device)
             .into_data()
             .convert::<i64>()
             .to_vec::<i64>()
             .expect("two integers");
-    ((halves[0] as u64) << 32) ^ halves[1] as u64
+    ((halves[0] as u64) << 31) ^ halves[1] as u64
 }
