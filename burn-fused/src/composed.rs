@@ -13,6 +13,7 @@ use burn::tensor::{Bool, Int, Tensor, TensorData};
 
 use crate::attention::{AttentionOptions, dropout_mask};
 use crate::backend::{AttentionForward, CrossEntropyForward, LayerNormForward, LayerNormGradients};
+use crate::optim::AdamStep;
 use crate::softmax::SoftmaxKind;
 
 /// The scaled scores `q·kᵀ·scale` with masked ones at `−∞`, `[b, h, sq, sk]`.
@@ -304,4 +305,57 @@ pub fn cross_entropy_backward<B: Backend>(
         Some(weights) => grad * weights,
         None => grad,
     }
+}
+
+/// One Adam or AdamW step as Burn 0.21's `Adam` and `AdamW` compute it, operation by
+/// operation (the same roundings): `[param, moment_1, moment_2]` after the step, all `[n]`.
+pub fn adam_step<B: Backend>(
+    param: Tensor<B, 1>,
+    grad: Tensor<B, 1>,
+    moment_1: Tensor<B, 1>,
+    moment_2: Tensor<B, 1>,
+    step: AdamStep,
+) -> [Tensor<B, 1>; 3] {
+    let AdamStep {
+        lr,
+        beta_1,
+        beta_2,
+        epsilon,
+        weight_decay,
+        decoupled_weight_decay,
+        time,
+    } = step;
+    // Adam's L2 penalty: `param·penalty + grad`.
+    let grad = match weight_decay {
+        Some(penalty) if !decoupled_weight_decay => param.clone().mul_scalar(penalty).add(grad),
+        _ => grad,
+    };
+    let moment_1 = moment_1
+        .mul_scalar(beta_1)
+        .add(grad.clone().mul_scalar(1.0 - beta_1));
+    let moment_2 = moment_2
+        .mul_scalar(beta_2)
+        .add(grad.square().mul_scalar(1.0 - beta_2));
+    let time = time as i32;
+    let param = if decoupled_weight_decay {
+        let m_hat = moment_1.clone().div_scalar(1f32 - beta_1.powi(time));
+        let v_hat = moment_2.clone().div_scalar(1f32 - beta_2.powi(time));
+        let delta = m_hat.div(v_hat.sqrt().add_scalar(epsilon));
+        let decay_rate = lr * weight_decay.unwrap_or(0.0) as f64;
+        let decayed = if decay_rate == 0.0 {
+            param
+        } else {
+            param.mul_scalar(1.0 - decay_rate)
+        };
+        decayed - delta.mul_scalar(lr)
+    } else {
+        let correction_2 = (1.0 - beta_2.powi(time)).sqrt();
+        let factor = correction_2 / (1.0 - beta_1.powi(time));
+        let delta = moment_1
+            .clone()
+            .mul_scalar(factor)
+            .div(moment_2.clone().sqrt().add_scalar(epsilon * correction_2));
+        param - delta.mul_scalar(lr)
+    };
+    [param, moment_1, moment_2]
 }

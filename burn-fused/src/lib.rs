@@ -14,6 +14,10 @@
 //! | [`fused_softmax`], [`fused_log_softmax`] | the output | vectorised rows |
 //! | [`fused_cross_entropy`] | each row's log-sum-exp (no `[rows, vocab]` probabilities) | vectorised rows |
 //!
+//! and one optimizer step: [`optim::FusedAdam`] (and [`optim::FusedAdamW`]), Burn's Adam with
+//! each parameter's update one call ([`FusedBackend::fused_adam_step`]), one pass over its
+//! buffers on FastFlex.
+//!
 //! Every backend has the provided methods, tensor-op compositions ([`composed`]) that are
 //! correct everywhere; `Autodiff<B>` records one node per call whose backward calls `B`'s;
 //! `FastFlex` (burn-fast-cpu) runs burn-cpu-kernels' kernels both ways. burn-sketch's
@@ -43,6 +47,7 @@ mod backend;
 pub mod composed;
 pub mod cross_entropy;
 pub mod layer_norm;
+pub mod optim;
 pub mod softmax;
 
 pub use attention::{AttentionDropout, AttentionOptions, fused_attention};

@@ -4,6 +4,7 @@
 mod main {
     mod attention;
     pub mod common;
+    mod optim;
     mod rows;
     mod training;
 }

@@ -1,7 +1,8 @@
 //! `FusedBackend` for [`FastFlex`]: burn-cpu-kernels' row kernels (layer norm, softmax,
 //! cross-entropy) and flash-style attention, both ways. Tensors are computed in `f32`:
 //! `bf16` and `f16` ones are widened once by FastFlex's vectorised cast and the results
-//! rounded once; `f64` tensors take the compositions.
+//! rounded once; `f64` tensors take the compositions. The Adam step runs on `f32` tensors
+//! in one pass, in place where it can; other float types take the composition.
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{Bool, DType, Int, Tensor, TensorPrimitive};
@@ -16,6 +17,7 @@ use super::{
 };
 use crate::attention::AttentionOptions;
 use crate::composed;
+use crate::optim::AdamStep;
 use crate::softmax::SoftmaxKind;
 
 /// Whether the kernels compute this tensor (through `f32`).
@@ -175,7 +177,119 @@ fn target_values(targets: Tensor<FastFlex, 1, Int>) -> Vec<i64> {
         .expect("i64 targets")
 }
 
+/// The `f32` tensor as a contiguous one whose buffer no other tensor holds: itself where it
+/// is one, else a copy.
+fn held_alone(tensor: Tensor<FastFlex, 1>) -> FlexTensor {
+    let mut tensor = tensor.into_primitive().tensor();
+    if flex_view::values_mut::<f32>(&mut tensor).is_some() {
+        return tensor;
+    }
+    let copy = values(&flex_view::contiguous(&tensor)).to_vec();
+    let len = copy.len();
+    flex_view::tensor(copy, [len])
+}
+
+/// Elements per task of the parallel Adam step, and the fewest it splits.
+const ADAM_CHUNK: usize = 1 << 14;
+const ADAM_PARALLEL_MIN: usize = 1 << 16;
+
+/// `update(param, m, v, grad) -> [param, m, v]` over every element, in place, in parallel
+/// chunks for large tensors.
+fn adam_pass(
+    [param, m, v]: [&mut [f32]; 3],
+    grad: &[f32],
+    update: impl Fn(f32, f32, f32, f32) -> [f32; 3] + Sync,
+) {
+    let serial = |param: &mut [f32], m: &mut [f32], v: &mut [f32], grad: &[f32]| {
+        for (((p, m), v), &g) in param.iter_mut().zip(m).zip(v).zip(grad) {
+            [*p, *m, *v] = update(*p, *m, *v, g);
+        }
+    };
+    if param.len() < ADAM_PARALLEL_MIN {
+        serial(param, m, v, grad);
+        return;
+    }
+    use rayon::prelude::*;
+    param
+        .par_chunks_mut(ADAM_CHUNK)
+        .zip(m.par_chunks_mut(ADAM_CHUNK))
+        .zip(v.par_chunks_mut(ADAM_CHUNK))
+        .zip(grad.par_chunks(ADAM_CHUNK))
+        .for_each(|(((p, m), v), g)| serial(p, m, v, g));
+}
+
+/// Burn's Adam and AdamW step (the composition's roundings, element by element) over
+/// `f32` buffers.
+fn adam_kernel(buffers: [&mut [f32]; 3], grad: &[f32], step: AdamStep) {
+    let AdamStep {
+        lr,
+        beta_1,
+        beta_2,
+        epsilon,
+        weight_decay,
+        decoupled_weight_decay,
+        time,
+    } = step;
+    let (keep_1, keep_2) = (1.0 - beta_1, 1.0 - beta_2);
+    let time = time as i32;
+    let lr32 = lr as f32;
+    let moments =
+        move |m: f32, v: f32, g: f32| (m * beta_1 + g * keep_1, v * beta_2 + (g * g) * keep_2);
+    if decoupled_weight_decay {
+        let (correction_1, correction_2) = (1f32 - beta_1.powi(time), 1f32 - beta_2.powi(time));
+        let decay_rate = lr * weight_decay.unwrap_or(0.0) as f64;
+        let delta =
+            move |m: f32, v: f32| (m / correction_1) / ((v / correction_2).sqrt() + epsilon);
+        if decay_rate == 0.0 {
+            adam_pass(buffers, grad, move |p, m, v, g| {
+                let (m, v) = moments(m, v, g);
+                [p - delta(m, v) * lr32, m, v]
+            });
+        } else {
+            let decay = (1.0 - decay_rate) as f32;
+            adam_pass(buffers, grad, move |p, m, v, g| {
+                let (m, v) = moments(m, v, g);
+                [p * decay - delta(m, v) * lr32, m, v]
+            });
+        }
+        return;
+    }
+    let correction_2 = (1.0 - beta_2.powi(time)).sqrt();
+    let factor = correction_2 / (1.0 - beta_1.powi(time));
+    let shift = epsilon * correction_2;
+    let update = move |p: f32, m: f32, v: f32, g: f32| {
+        let (m, v) = moments(m, v, g);
+        let delta = (m * factor) / (v.sqrt() + shift);
+        [p - delta * lr32, m, v]
+    };
+    match weight_decay {
+        Some(penalty) => adam_pass(buffers, grad, move |p, m, v, g| {
+            update(p, m, v, p * penalty + g)
+        }),
+        None => adam_pass(buffers, grad, update),
+    }
+}
+
 impl FusedBackend for FastFlex {
+    fn fused_adam_step(
+        param: Tensor<Self, 1>,
+        grad: Tensor<Self, 1>,
+        moment_1: Tensor<Self, 1>,
+        moment_2: Tensor<Self, 1>,
+        step: AdamStep,
+    ) -> [Tensor<Self, 1>; 3] {
+        let tensors = [&param, &grad, &moment_1, &moment_2];
+        if param.dims()[0] == 0 || tensors.iter().any(|t| t.dtype() != DType::F32) {
+            return composed::adam_step(param, grad, moment_1, moment_2, step);
+        }
+        let grad = f32_tensor(grad);
+        let mut outputs = [param, moment_1, moment_2].map(held_alone);
+        let [p, m, v] = &mut outputs;
+        let buffers = [p, m, v].map(|t| flex_view::values_mut::<f32>(t).expect("held alone"));
+        adam_kernel(buffers, values(&grad), step);
+        outputs.map(|t| Tensor::from_primitive(TensorPrimitive::Float(t)))
+    }
+
     fn fused_attention_forward(
         q: Tensor<Self, 4>,
         k: Tensor<Self, 4>,

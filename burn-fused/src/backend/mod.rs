@@ -14,6 +14,7 @@ use burn::tensor::{Bool, Int, Tensor};
 
 use crate::attention::AttentionOptions;
 use crate::composed;
+use crate::optim::AdamStep;
 use crate::softmax::SoftmaxKind;
 
 /// What [`FusedBackend::fused_attention_forward`] returns: the output, and what the backward
@@ -157,5 +158,22 @@ pub trait FusedBackend: Backend {
         grad_loss: Tensor<Self, 1>,
     ) -> Tensor<Self, 2> {
         composed::cross_entropy_backward(logits, lse, targets, ignore_index, grad_loss)
+    }
+
+    /// One Adam (or AdamW) step on a flattened parameter: `param`, `grad` and the moments
+    /// `moment_1`, `moment_2` are `[n]` (zeros before the first step), and the result is
+    /// `[param, moment_1, moment_2]` after the step, each `[n]`, with Burn 0.21's `Adam`
+    /// (`AdamW` where [`AdamStep::decoupled_weight_decay`]) numerics: see [`AdamStep`].
+    ///
+    /// An implementation may write the results into the inputs' buffers where no other
+    /// tensor holds them; a tensor that shares its buffer is never changed.
+    fn fused_adam_step(
+        param: Tensor<Self, 1>,
+        grad: Tensor<Self, 1>,
+        moment_1: Tensor<Self, 1>,
+        moment_2: Tensor<Self, 1>,
+        step: AdamStep,
+    ) -> [Tensor<Self, 1>; 3] {
+        composed::adam_step(param, grad, moment_1, moment_2, step)
     }
 }

@@ -11,6 +11,7 @@ use super::{
     AttentionForward, CrossEntropyForward, FusedBackend, LayerNormForward, LayerNormGradients,
 };
 use crate::attention::AttentionOptions;
+use crate::optim::AdamStep;
 use crate::softmax::SoftmaxKind;
 
 /// The same tensor as `B`'s (the primitives are shared).
@@ -56,6 +57,35 @@ fn recorded<B: Backend, T>(
 }
 
 impl<B: FusedBackend> FusedBackend for Profiled<B> {
+    fn fused_adam_step(
+        param: Tensor<Self, 1>,
+        grad: Tensor<Self, 1>,
+        moment_1: Tensor<Self, 1>,
+        moment_2: Tensor<Self, 1>,
+        step: AdamStep,
+    ) -> [Tensor<Self, 1>; 3] {
+        let device = param.device();
+        // Described up front: a clone kept for the closure would share the buffers and keep
+        // the step from updating them in place.
+        let inputs = [&param, &grad, &moment_1, &moment_2].map(describe).to_vec();
+        let outputs = recorded::<B, _>(
+            "fused_adam_step",
+            move || inputs,
+            &device,
+            || {
+                B::fused_adam_step(
+                    inner(param),
+                    inner(grad),
+                    inner(moment_1),
+                    inner(moment_2),
+                    step,
+                )
+            },
+            |outputs| outputs.iter().map(describe).collect(),
+        );
+        outputs.map(outer)
+    }
+
     fn fused_attention_forward(
         q: Tensor<Self, 4>,
         k: Tensor<Self, 4>,
