@@ -139,9 +139,10 @@ pub fn layer_norm_forward<B: Backend>(
     let [rows, _] = x.dims();
     let mean = x.clone().mean_dim(1);
     let centered = x - mean.clone();
-    let rstd = (centered.clone().powi_scalar(2).mean_dim(1) + epsilon)
-        .sqrt()
-        .recip();
+    let std = (centered.clone().powi_scalar(2).mean_dim(1) + epsilon).sqrt();
+    // A division, not `recip`: NdArray's `recip` is an approximate reciprocal (about 1e-4
+    // relative), which layer norm would pass on to every output.
+    let rstd = std.ones_like() / std;
     let normalized = centered * rstd.clone();
     let scaled = normalized * gamma.unsqueeze_dim(0);
     let output = match beta {

@@ -174,3 +174,37 @@ fn fast_flex_rows_match_burn() {
     softmax_cases::<Autodiff<FastFlex>>(1e-5);
     cross_entropy_cases::<Autodiff<FastFlex>>(1e-5);
 }
+
+/// Layer norm's forward against an `f64` reference, on enough rows for the backends' vector
+/// paths: a reciprocal computed approximately (NdArray's `recip`, about 1e-4) shows here.
+fn layer_norm_matches_f64<B: FusedBackend>() {
+    let device = Default::default();
+    let (rows, n) = (45, 32);
+    let x = seeded::<B, 2>([rows, n], 4, 2.0, &device);
+    let gamma = seeded::<B, 1>([n], 5, 2.0, &device);
+    let xs = super::common::values(x.clone());
+    let gs = super::common::values(gamma.clone());
+    let expected: Vec<f64> = xs
+        .chunks(n)
+        .flat_map(|row| {
+            let mean = row.iter().sum::<f64>() / n as f64;
+            let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+            let rstd = 1.0 / (var + 1e-12).sqrt();
+            row.iter()
+                .zip(&gs)
+                .map(move |(v, g)| (v - mean) * rstd * g)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let expected = Tensor::<B, 2>::from_data(TensorData::new(expected, [rows, n]), &device);
+    let output = burn_fused::fused_layer_norm(x, gamma, None, 1e-12);
+    let what = format!("{} layer norm against f64", B::name(&device));
+    assert_close(output, expected, 2e-6, &what);
+}
+
+#[test]
+fn layer_norm_is_exact_on_every_backend() {
+    layer_norm_matches_f64::<NdArray>();
+    layer_norm_matches_f64::<Flex>();
+    layer_norm_matches_f64::<FastFlex>();
+}
