@@ -12,7 +12,7 @@
 //! [`FusedAdamConfig`] has [`AdamConfig`]'s fields and defaults, and its state is Burn's own
 //! [`AdamState`] record, so `FusedAdamConfig::new().init::<B, M>()` replaces
 //! `AdamConfig::new().init()`.
-//! [`FusedAdamWConfig`] is the same for [`AdamW`](burn::optim::AdamW).
+//! [`FusedAdamWConfig`] is the same for [`AdamW`].
 //!
 //! ```
 //! use burn::backend::{Autodiff, Flex};

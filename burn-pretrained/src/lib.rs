@@ -47,7 +47,9 @@ mod tokenize;
 pub use config::BertConfig;
 pub use embed::SentenceEncoder;
 pub use error::{Misshapen, PretrainedError};
-pub use load::{HfFiles, Pretrained, load_hf, load_weights};
+pub use load::{
+    HfFiles, ParamDType, Pretrained, load_hf, load_hf_with, load_weights, load_weights_with,
+};
 pub use model::{BertEmbeddings, BertEncoder, BertLayer, EncoderInput, LayerTrace};
 pub use pooling::{mean_pool, normalize};
 pub use tokenize::{TokenBatch, Tokenizer};

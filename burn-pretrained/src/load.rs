@@ -2,14 +2,20 @@
 //! `SafetensorsStore` with its PyTorch adapter (linear weights transposed, layer norms'
 //! `weight`/`bias` as `gamma`/`beta`) and a key remapping from Hugging Face's module names to
 //! the encoder's, after a check of the file's header that names, in Hugging Face's terms,
-//! every key that is missing or misshapen.
+//! every key that is missing or misshapen. Float tensors become `f32` parameters unless
+//! [`ParamDType::Stored`] asks for the checkpoint's own type.
 
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
+use burn::tensor::DType;
 use burn::tensor::backend::Backend;
-use burn_store::{KeyRemapper, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
+use burn_store::{
+    KeyRemapper, ModuleAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore,
+    TensorSnapshot,
+};
 
 use crate::{BertConfig, BertEncoder, Misshapen, PretrainedError, Tokenizer};
 
@@ -110,8 +116,56 @@ pub struct Pretrained<B: Backend> {
     pub tokenizer: Tokenizer,
 }
 
+/// The type a checkpoint's float tensors take as the encoder's parameters.
+///
+/// Many hub checkpoints are stored in `f16`; kept so, FastFlex would compute the whole encoder
+/// in `f16` (far from what transformers gives, which loads into `f32` unless asked).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ParamDType {
+    /// `f32`, whatever the checkpoint stores: an `f16` or `bf16` checkpoint computes as its
+    /// values widened.
+    #[default]
+    F32,
+    /// The checkpoint's own type (half precision stays half precision).
+    Stored,
+}
+
+/// burn-store adapter: every float tensor of another type read as the given one (`None`:
+/// as stored).
+#[derive(Clone)]
+struct CastFloats(Option<DType>);
+
+impl ModuleAdapter for CastFloats {
+    fn adapt(&self, snapshot: &TensorSnapshot) -> TensorSnapshot {
+        let Some(dtype) = self.0 else {
+            return snapshot.clone();
+        };
+        let float = matches!(
+            snapshot.dtype,
+            DType::F64 | DType::F32 | DType::F16 | DType::BF16
+        );
+        if !float || snapshot.dtype == dtype {
+            return snapshot.clone();
+        }
+        let data = snapshot.clone_data_fn();
+        TensorSnapshot::from_closure(
+            Rc::new(move || Ok(data()?.convert_dtype(dtype))),
+            dtype,
+            snapshot.shape.clone(),
+            snapshot.path_stack.clone().unwrap_or_default(),
+            snapshot.container_stack.clone().unwrap_or_default(),
+            snapshot.tensor_id.unwrap_or_default(),
+        )
+    }
+
+    fn clone_box(&self) -> Box<dyn ModuleAdapter> {
+        Box::new(self.clone())
+    }
+}
+
 /// Loads a Hugging Face BERT-family model directory (`config.json`, `model.safetensors`,
-/// `tokenizer.json`) onto `device`.
+/// `tokenizer.json`) onto `device`, with `f32` parameters ([`load_hf_with`] to keep the
+/// checkpoint's type).
 ///
 /// ```no_run
 /// use burn::backend::Flex;
@@ -125,10 +179,19 @@ pub fn load_hf<B: Backend>(
     dir: impl AsRef<Path>,
     device: &B::Device,
 ) -> Result<Pretrained<B>, PretrainedError> {
+    load_hf_with(dir, device, ParamDType::F32)
+}
+
+/// [`load_hf`] with the parameters' type chosen.
+pub fn load_hf_with<B: Backend>(
+    dir: impl AsRef<Path>,
+    device: &B::Device,
+    dtype: ParamDType,
+) -> Result<Pretrained<B>, PretrainedError> {
     let files = HfFiles::in_dir(dir)?;
     let config = BertConfig::from_hf_file(&files.config)?;
     let mut encoder = config.try_init::<B>(device)?;
-    load_weights(&mut encoder, &config, &files.weights)?;
+    load_weights_with(&mut encoder, &config, &files.weights, dtype)?;
     let max_length = files
         .max_length
         .unwrap_or(config.max_position_embeddings)
@@ -152,10 +215,21 @@ pub fn load_hf<B: Backend>(
 /// Fills a dense `encoder` built from `config` with the weights of a Hugging Face safetensors
 /// checkpoint. Errors: [`PretrainedError::Checkpoint`] naming every missing, misshapen or
 /// non-float key before anything is read; [`PretrainedError::Store`] if burn-store fails after.
+/// The parameters are `f32` ([`load_weights_with`] to keep the checkpoint's type).
 pub fn load_weights<B: Backend>(
     encoder: &mut BertEncoder<B>,
     config: &BertConfig,
     path: impl AsRef<Path>,
+) -> Result<(), PretrainedError> {
+    load_weights_with(encoder, config, path, ParamDType::F32)
+}
+
+/// [`load_weights`] with the parameters' type chosen.
+pub fn load_weights_with<B: Backend>(
+    encoder: &mut BertEncoder<B>,
+    config: &BertConfig,
+    path: impl AsRef<Path>,
+    dtype: ParamDType,
 ) -> Result<(), PretrainedError> {
     let path = path.as_ref();
     check_header(config, path)?;
@@ -168,8 +242,13 @@ pub fn load_weights<B: Backend>(
         .map(|(a, b)| (a.to_string(), b.to_string()))
         .collect();
     let remapper = KeyRemapper::from_patterns(rules).map_err(|err| store_err(err.to_string()))?;
+    let target = match dtype {
+        ParamDType::F32 => Some(DType::F32),
+        ParamDType::Stored => None,
+    };
+    let adapter = PyTorchToBurnAdapter.chain(CastFloats(target));
     let mut store = SafetensorsStore::from_file(path)
-        .with_from_adapter(PyTorchToBurnAdapter)
+        .with_from_adapter(adapter)
         .remap(remapper)
         .skip_enum_variants(true);
     let result = encoder

@@ -6,6 +6,10 @@
 //! backend is single-threaded); all workers take batches from one queue. The queue is bounded:
 //! a full queue answers [`ServeError::Overloaded`] at once instead of growing, so a burst costs
 //! latency up to the bound and memory never.
+//!
+//! A request is the only one to fail for its own fault: the model's [`Validate`] check runs
+//! on it before it is queued, and a batch that fails anyway runs again one request at a time,
+//! so each request gets its own answer (Triton, by contrast, fails the whole batch).
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -17,7 +21,7 @@ use tokio::sync::oneshot;
 
 use crate::metrics::ModelMetrics;
 use crate::sync::lock;
-use crate::{HostTensor, Servable, ServeError};
+use crate::{HostTensor, Servable, ServeError, Validate};
 
 /// How requests are grouped into batches.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -72,6 +76,7 @@ struct Shared {
     queue: Mutex<Queue>,
     work: Condvar,
     metrics: ModelMetrics,
+    validate: Option<Validate>,
 }
 
 impl Shared {
@@ -84,8 +89,9 @@ impl Shared {
 /// A queue of requests served in batches by one worker thread per model replica: a batch runs
 /// when it holds `max_batch_size` rows or its oldest request has waited `max_queue_delay`
 /// ([`BatcherConfig`]), so that a model runs on batches without its callers coordinating. The
-/// queue is bounded ([`ServeError::Overloaded`]), a failing or panicking model fails its batch
-/// only, and [`shutdown`](Self::shutdown) answers every accepted request. The [`Server`] runs
+/// queue is bounded ([`ServeError::Overloaded`]), a request that fails the model's
+/// [`Validate`] check is refused before it joins a batch, a batch that fails anyway is run
+/// again one request at a time (a panicking model included), and [`shutdown`](Self::shutdown) answers every accepted request. The [`Server`] runs
 /// one per model; an example without it is in the book's chapter "Serving a model".
 ///
 /// [`Server`]: crate::Server
@@ -141,9 +147,10 @@ impl Batcher {
         if config.queue_capacity == 0 {
             return Err(ServeError::invalid("queue_capacity", "0 requests"));
         }
-        if replicas.is_empty() {
+        let Some(first) = replicas.first() else {
             return Err(ServeError::invalid("replicas", "no model replica to run"));
-        }
+        };
+        let validate = first.validator();
         let shared = Arc::new(Shared {
             config,
             queue: Mutex::new(Queue {
@@ -153,6 +160,7 @@ impl Batcher {
             }),
             work: Condvar::new(),
             metrics,
+            validate,
         });
         let workers = replicas
             .into_iter()
@@ -182,7 +190,8 @@ impl Batcher {
     }
 
     /// Queues `input` (`[rows, ...]`). Fails at once when the request has no rows or more than
-    /// `max_batch_size`, the queue is full, or the batcher is shutting down. A request still
+    /// `max_batch_size`, fails the model's [`Validate`] check, the queue is full, or the
+    /// batcher is shutting down. A request still
     /// queued at its `deadline` is answered [`ServeError::DeadlineExceeded`] without running.
     pub fn submit(
         &self,
@@ -196,6 +205,9 @@ impl Batcher {
         }
         if rows > max {
             return Err(ServeError::TooLarge { rows, max });
+        }
+        if let Some(validate) = &self.shared.validate {
+            validate(&input)?;
         }
         let (reply, answer) = oneshot::channel();
         let mut queue = self.shared.lock();
@@ -267,32 +279,58 @@ fn work<S: Servable>(shared: &Shared, mut replica: S) {
             .unzip();
         let rows: usize = sizes.iter().sum();
         let started = Instant::now();
-        let outputs = HostTensor::concat(inputs).and_then(|batch| {
-            std::panic::catch_unwind(AssertUnwindSafe(|| replica.infer(batch)))
-                .unwrap_or_else(|panic| Err(ServeError::Model(panic_message(&panic))))
-                .and_then(|output| output.split(&sizes))
-        });
+        // A copy of the requests only where a retry may need them: a batch of one has none.
+        let retry = (inputs.len() > 1).then(|| inputs.clone());
+        let outputs = run(&mut replica, inputs, &sizes);
         shared
             .metrics
             .observe_batch(rows, started.elapsed().as_secs_f64());
+        let answers = match (outputs, retry) {
+            (Ok(outputs), _) => outputs.into_iter().map(Ok).collect(),
+            (Err(error), Some(inputs)) => {
+                // Whatever failed the batch may be one request's: each runs alone now, so that
+                // only the requests that fail by themselves fail.
+                tracing::warn!(
+                    "a batch of {rows} rows failed ({error}); running its {} requests one by one",
+                    inputs.len()
+                );
+                shared.metrics.observe_retry();
+                inputs
+                    .into_iter()
+                    .map(|input| {
+                        let rows = input.rows();
+                        run(&mut replica, vec![input], &[rows])
+                            .map(|mut output| output.pop().expect("one request, one output"))
+                    })
+                    .collect()
+            }
+            (Err(error), None) => vec![Err(error)],
+        };
         if let Some(bytes) = replica.memory_in_use() {
             shared.metrics.set_memory_in_use(bytes);
         }
-        match outputs {
-            Ok(outputs) => {
-                for (reply, output) in replies.into_iter().zip(outputs) {
-                    // A client that gave up (timed out, disconnected) dropped its receiver.
-                    let _ = reply.send(Ok(output));
-                }
+        for (reply, answer) in replies.into_iter().zip(answers) {
+            if let Err(error) = &answer {
+                tracing::warn!("a request of the batch failed: {error}");
             }
-            Err(error) => {
-                tracing::warn!("a batch of {rows} rows failed: {error}");
-                for reply in replies {
-                    let _ = reply.send(Err(error.clone()));
-                }
-            }
+            // A client that gave up (timed out, disconnected) dropped its receiver.
+            let _ = reply.send(answer);
         }
     }
+}
+
+/// Runs `inputs` as one batch on `replica` and splits its output into `sizes` rows each; a
+/// panic in the model is an error.
+fn run<S: Servable>(
+    replica: &mut S,
+    inputs: Vec<HostTensor>,
+    sizes: &[usize],
+) -> Result<Vec<HostTensor>, ServeError> {
+    HostTensor::concat(inputs).and_then(|batch| {
+        std::panic::catch_unwind(AssertUnwindSafe(|| replica.infer(batch)))
+            .unwrap_or_else(|panic| Err(ServeError::Model(panic_message(&panic))))
+            .and_then(|output| output.split(sizes))
+    })
 }
 
 /// Waits for a batch: returns once `max_batch_size` rows are queued, the oldest request has

@@ -37,7 +37,7 @@ pub use batcher::{Batcher, BatcherConfig, Ticket};
 pub use client::{Answer, Client};
 pub use error::ServeError;
 pub use metrics::{Metrics, ModelMetrics};
-pub use model::{BurnModel, ModelSpec, Servable, TensorSpec};
+pub use model::{BurnModel, ModelSpec, Servable, TensorSpec, Validate};
 pub use server::{RunningServer, Server, ServerConfig};
 pub use tensor::{DataType, HostData, HostTensor};
 

@@ -1,6 +1,6 @@
 //! Prometheus metrics (scraped at `GET /metrics`), kept with the Prometheus project's own
 //! client library: requests by outcome, request latency, batch sizes and compute times, queue
-//! depth, and device memory in use.
+//! depth, device memory in use, and batches retried request by request.
 
 use std::sync::Arc;
 
@@ -33,6 +33,7 @@ pub struct Metrics {
     batch_seconds: Histograms,
     queue_depth: Family<Labels, Gauge>,
     memory: Family<Labels, Gauge>,
+    retried: Family<Labels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -49,6 +50,7 @@ impl Default for Metrics {
         let batch_seconds = Histograms::new_with_constructor(latency_histogram);
         let queue_depth = Family::<Labels, Gauge>::default();
         let memory = Family::<Labels, Gauge>::default();
+        let retried = Family::<Labels, Counter>::default();
         let mut registry = Registry::with_prefix("burn_serve");
         registry.register(
             "requests",
@@ -80,6 +82,11 @@ impl Default for Metrics {
             "Device memory in use after the model's last batch",
             memory.clone(),
         );
+        registry.register(
+            "batches_retried",
+            "Batches that failed and were run again one request at a time",
+            retried.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             requests,
@@ -88,6 +95,7 @@ impl Default for Metrics {
             batch_seconds,
             queue_depth,
             memory,
+            retried,
         }
     }
 }
@@ -104,6 +112,7 @@ impl Metrics {
             batch_seconds: self.batch_seconds.get_or_create_owned(&labels),
             queue_depth: self.queue_depth.get_or_create_owned(&labels),
             memory: self.memory.get_or_create_owned(&labels),
+            retried: self.retried.get_or_create_owned(&labels),
         }
     }
 
@@ -127,6 +136,7 @@ pub struct ModelMetrics {
     batch_seconds: Histogram,
     queue_depth: Gauge,
     memory: Gauge,
+    retried: Counter,
 }
 
 impl Default for ModelMetrics {
@@ -149,6 +159,11 @@ impl ModelMetrics {
     pub fn observe_batch(&self, rows: usize, seconds: f64) {
         self.batch_size.observe(rows as f64);
         self.batch_seconds.observe(seconds);
+    }
+
+    /// A batch that failed and is run again one request at a time.
+    pub fn observe_retry(&self) {
+        self.retried.inc();
     }
 
     /// Requests waiting now.

@@ -57,11 +57,23 @@ pub struct ModelSpec {
     pub output: TensorSpec,
 }
 
+/// A check of one request's values (ids within the vocabulary, lengths, ranges) that the
+/// batcher runs before the request joins a batch, on the caller's thread: a request at fault
+/// fails alone, with its own message, instead of failing the batch it would have joined.
+pub type Validate = Arc<dyn Fn(&HostTensor) -> Result<(), ServeError> + Send + Sync>;
+
 /// One replica of a model, owned by one worker thread: it maps a batch of rows to as many
 /// rows of output.
 pub trait Servable: Send + 'static {
     /// The output for `batch` (`[rows, ...]`), row `i` for input row `i`.
     fn infer(&mut self, batch: HostTensor) -> Result<HostTensor, ServeError>;
+
+    /// The check each request passes before batching (`None`: shape and type only, which
+    /// the server checks against the [`ModelSpec`]). The batcher takes it from its first
+    /// replica.
+    fn validator(&self) -> Option<Validate> {
+        None
+    }
 
     /// Device memory in use after the last batch, in bytes, where the replica knows it; the
     /// server exports it as a metric.
@@ -74,6 +86,10 @@ pub trait Servable: Send + 'static {
 impl Servable for Box<dyn Servable> {
     fn infer(&mut self, batch: HostTensor) -> Result<HostTensor, ServeError> {
         (**self).infer(batch)
+    }
+
+    fn validator(&self) -> Option<Validate> {
+        (**self).validator()
     }
 
     fn memory_in_use(&self) -> Option<u64> {
@@ -122,6 +138,8 @@ pub struct BurnModel<B: DeviceMemory, M> {
     /// When memory was last read: at most every [`MEMORY_PERIOD`], as a reading costs a system
     /// call on CPU backends.
     read_at: Option<std::time::Instant>,
+    /// The per-request check, with [`BurnModel::with_validator`].
+    validate: Option<Validate>,
 }
 
 /// How often a replica reads its device's memory for the metrics.
@@ -151,6 +169,7 @@ impl<B: DeviceMemory, M: Module<B>> BurnModel<B, M> {
             in_use: None,
             read_at: None,
             cap: None,
+            validate: None,
         }
     }
 
@@ -168,6 +187,7 @@ impl<B: DeviceMemory, M: Module<B>> BurnModel<B, M> {
             in_use: None,
             read_at: None,
             cap: None,
+            validate: None,
         }
     }
 
@@ -177,6 +197,17 @@ impl<B: DeviceMemory, M: Module<B>> BurnModel<B, M> {
     /// (burn-memory's `MemoryTracker::profile` of a forward, divided by its rows).
     pub fn with_memory_cap(mut self, limit: u64, bytes_per_row: u64) -> Self {
         self.cap = Some((MemoryCap::new(&self.device, limit), bytes_per_row));
+        self
+    }
+
+    /// A check each request passes before it joins a batch ([`Validate`]): a model whose
+    /// forward would fail on some values (token ids beyond its vocabulary) refuses them here,
+    /// so that they fail alone.
+    pub fn with_validator(
+        mut self,
+        validate: impl Fn(&HostTensor) -> Result<(), ServeError> + Send + Sync + 'static,
+    ) -> Self {
+        self.validate = Some(Arc::new(validate));
         self
     }
 
@@ -195,6 +226,7 @@ impl<B: DeviceMemory, M: Module<B>> BurnModel<B, M> {
                     .cap
                     .as_ref()
                     .map(|(cap, per_row)| (MemoryCap::new(device, cap.limit()), *per_row)),
+                validate: self.validate.clone(),
             })
             .collect()
     }
@@ -246,6 +278,10 @@ where
             self.read_at = Some(std::time::Instant::now());
         }
         HostTensor::f32(rows, cols, values)
+    }
+
+    fn validator(&self) -> Option<Validate> {
+        self.validate.clone()
     }
 
     fn memory_in_use(&self) -> Option<u64> {

@@ -149,3 +149,81 @@ fn prefixed_and_tensorflow_names_load() {
         assert!(max_abs(got, want) <= TOLERANCE);
     }
 }
+
+/// Every float parameter's type.
+fn param_dtypes<B: burn::tensor::backend::Backend>(
+    encoder: &burn_pretrained::BertEncoder<B>,
+) -> Vec<burn::tensor::DType> {
+    struct Types(Vec<burn::tensor::DType>);
+    impl<B: burn::tensor::backend::Backend> burn::module::ModuleVisitor<B> for Types {
+        fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B, D>>) {
+            self.0.push(param.val().dtype());
+        }
+    }
+    let mut types = Types(Vec::new());
+    burn::module::Module::visit(encoder, &mut types);
+    types.0
+}
+
+/// The fixture's checkpoint with every `f32` tensor rounded to `f16`: stored as `F16`
+/// (`stored_f16`), or widened back and stored as `F32`.
+fn rounded_to_f16(stored_f16: bool) -> Vec<crate::common::Entry> {
+    let mut entries = checkpoint();
+    for entry in &mut entries {
+        if entry.dtype != safetensors::Dtype::F32 {
+            continue;
+        }
+        let halves = entry
+            .data
+            .chunks(4)
+            .map(|b| half::f16::from_f32(f32::from_le_bytes(b.try_into().unwrap())));
+        entry.data = if stored_f16 {
+            halves.flat_map(|h| h.to_le_bytes()).collect()
+        } else {
+            halves.flat_map(|h| h.to_f32().to_le_bytes()).collect()
+        };
+        if stored_f16 {
+            entry.dtype = safetensors::Dtype::F16;
+        }
+    }
+    entries
+}
+
+/// An `f16` checkpoint (as many hub models are stored) loads into `f32` parameters and
+/// computes exactly what its values widened to `f32` compute; `ParamDType::Stored` keeps `f16`.
+#[test]
+fn f16_checkpoint_loads_as_f32() {
+    let device = Default::default();
+    let f16_dir = model_dir(&rounded_to_f16(true), None);
+    let widened_dir = model_dir(&rounded_to_f16(false), None);
+    let model = load_hf::<Flex>(f16_dir.path(), &device).unwrap_or_else(|err| panic!("{err}"));
+    let types = param_dtypes(&model.encoder);
+    assert!(!types.is_empty());
+    assert!(
+        types.iter().all(|&t| t == burn::tensor::DType::F32),
+        "{types:?}"
+    );
+    let widened = load_hf::<Flex>(widened_dir.path(), &device).unwrap();
+    let expected = expected();
+    let texts: Vec<&str> = expected.batch.texts.iter().map(String::as_str).collect();
+    let (got, got_states) = embed(&model, &texts, &device);
+    let (want, want_states) = embed(&widened, &texts, &device);
+    assert_eq!(got_states, want_states, "the f16 checkpoint's states");
+    assert_eq!(got, want);
+    // Rounding the weights to f16 moves the embeddings a little, not a lot.
+    for (got, want) in got.iter().zip(&expected.batch.embeddings) {
+        assert!(cosine(got, want) > 0.999, "cosine {}", cosine(got, want));
+    }
+
+    let stored = burn_pretrained::load_hf_with::<Flex>(
+        f16_dir.path(),
+        &device,
+        burn_pretrained::ParamDType::Stored,
+    )
+    .unwrap();
+    let types = param_dtypes(&stored.encoder);
+    assert!(
+        types.iter().all(|&t| t == burn::tensor::DType::F16),
+        "{types:?}"
+    );
+}

@@ -1,12 +1,14 @@
 //! The dynamic batcher: answers equal to unbatched inference, batching by size and by delay,
-//! deadlines, overload, failures and shutdown.
+//! deadlines, overload, failures (one bad request among good ones), and shutdown.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use burn::backend::{Flex, NdArray};
 use burn_memory::DeviceMemory;
-use burn_serve::{Batcher, BatcherConfig, HostData, HostTensor, Servable, ServeError};
+use burn_serve::{
+    Batcher, BatcherConfig, HostData, HostTensor, Metrics, Servable, ServeError, Validate,
+};
 
 use crate::common::{self, Net, PANIC, Recording, Slow, pair};
 
@@ -251,6 +253,92 @@ fn model_failures_fail_their_batch_only() {
         values(&batcher.submit(pair(4.0), None).unwrap().wait().unwrap()),
         &[8.0, 2.0]
     );
+}
+
+/// [`Slow`] that refuses a batch holding a negative value (as an encoder refuses an id
+/// outside its vocabulary), and offers that check as its validator when `checked`.
+struct Picky {
+    inner: Slow,
+    checked: bool,
+}
+
+fn refuse_negatives(input: &HostTensor) -> Result<(), ServeError> {
+    let HostData::F32(values) = input.data() else {
+        return Err(ServeError::BadRequest("FP32 only".into()));
+    };
+    match values.iter().find(|&&v| v < 0.0 && v != PANIC) {
+        Some(v) => Err(ServeError::BadRequest(format!("{v} is negative"))),
+        None => Ok(()),
+    }
+}
+
+impl Servable for Picky {
+    fn infer(&mut self, batch: HostTensor) -> Result<HostTensor, ServeError> {
+        refuse_negatives(&batch)?;
+        self.inner.infer(batch)
+    }
+
+    fn validator(&self) -> Option<Validate> {
+        self.checked.then(|| Arc::new(refuse_negatives) as Validate)
+    }
+}
+
+/// Good and bad requests queued together, as Triton's client sends them: 6 good, one the
+/// model refuses and one that panics it. Without a validator the batch fails and runs again
+/// request by request: every good request gets its own answer, each bad one its own error.
+/// With one, the refused request fails at `submit` and never joins the batch.
+#[test]
+fn one_bad_request_fails_alone() {
+    for checked in [false, true] {
+        let (inner, batches) = Slow::new(Duration::ZERO);
+        let metrics = Metrics::default();
+        let batcher = Batcher::with_metrics(
+            config(16, 200, 64),
+            vec![Picky { inner, checked }],
+            metrics.model("picky"),
+        )
+        .unwrap();
+        // `Slow` panics when a batch starts with `PANIC`: it is queued first.
+        let inputs = [PANIC, 1.0, 2.0, -7.0, 3.0, 4.0, 5.0, 6.0];
+        let tickets: Vec<_> = inputs
+            .iter()
+            .map(|&v| batcher.submit(pair(v), None))
+            .collect();
+        for (&v, ticket) in inputs.iter().zip(tickets) {
+            let answer = ticket.and_then(|ticket| ticket.wait());
+            match v {
+                -7.0 => assert!(
+                    matches!(answer, Err(ServeError::BadRequest(ref m)) if m == "-7 is negative"),
+                    "checked {checked}: {answer:?}"
+                ),
+                PANIC => assert!(
+                    matches!(answer, Err(ServeError::Model(ref m)) if m.contains("asked to panic")),
+                    "checked {checked}: {answer:?}"
+                ),
+                _ => assert_eq!(
+                    values(&answer.unwrap_or_else(|e| panic!("{v}: {e}"))),
+                    &[2.0 * v, 2.0],
+                    "checked {checked}"
+                ),
+            }
+        }
+        // `Slow` records the batches that reach it. With the validator: the 7 queued
+        // requests (the panic fails them), then each of them alone. Without: the batch of 8
+        // is refused before `Slow`, then the 7 requests that pass the check run alone.
+        let want = if checked {
+            [vec![7], vec![1; 7]].concat()
+        } else {
+            vec![1; 7]
+        };
+        assert_eq!(*batches.lock().unwrap(), want, "checked {checked}");
+        assert!(
+            metrics
+                .encode()
+                .contains("burn_serve_batches_retried_total{model=\"picky\"} 1"),
+            "{}",
+            metrics.encode()
+        );
+    }
 }
 
 /// Bad settings and requests are typed errors.

@@ -192,7 +192,8 @@ fn classifier(args: &Args) -> anyhow::Result<(Vec<Box<dyn Servable>>, ModelForwa
     match args.precision {
         Served::F32 => {
             let reference = mlp.clone();
-            let model = BurnModel::float(mlp, device, |m, x| m.forward((x - MEAN) / STD));
+            let model = BurnModel::float(mlp, device, |m, x| m.forward((x - MEAN) / STD))
+                .with_validator(finite_pixels);
             let replicas = boxed(model.replicas(&vec![device; workers]));
             Ok((
                 replicas,
@@ -202,7 +203,8 @@ fn classifier(args: &Args) -> anyhow::Result<(Vec<Box<dyn Servable>>, ModelForwa
         Served::Int8 => {
             let int8 = mlp.to_int8();
             let reference = int8.clone();
-            let model = BurnModel::float(int8, device, |m, x| m.forward((x - MEAN) / STD));
+            let model = BurnModel::float(int8, device, |m, x| m.forward((x - MEAN) / STD))
+                .with_validator(finite_pixels);
             let replicas = boxed(model.replicas(&vec![device; workers]));
             Ok((
                 replicas,
@@ -220,7 +222,7 @@ fn classifier(args: &Args) -> anyhow::Result<(Vec<Box<dyn Servable>>, ModelForwa
                     .cast(DType::F32)
             };
             let reference = mlp.clone();
-            let model = BurnModel::float(mlp, half, forward);
+            let model = BurnModel::float(mlp, half, forward).with_validator(finite_pixels);
             let replicas = boxed(model.replicas(&vec![half; workers]));
             Ok((
                 replicas,
@@ -240,6 +242,39 @@ struct Offloaded {
     device: burn::tensor::Device<Flex>,
 }
 
+/// The classifier's check of each request before batching: a pixel that is NaN or infinite
+/// would give meaningless logits for its row, so its request is refused with the position.
+fn finite_pixels(input: &HostTensor) -> Result<(), ServeError> {
+    let HostData::F32(pixels) = input.data() else {
+        return Err(ServeError::BadRequest("FP32 pixels only".into()));
+    };
+    match pixels.iter().position(|p| !p.is_finite()) {
+        Some(at) => Err(ServeError::BadRequest(format!(
+            "pixel {} (row {}, position {}) is not a finite number",
+            pixels[at],
+            at / MNIST_PIXELS,
+            at % MNIST_PIXELS
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The language model's check of each request before batching: every token within its
+/// vocabulary of `vocab` (the embedding's rows), so that one bad request fails alone.
+fn tokens_within(vocab: usize) -> impl Fn(&HostTensor) -> Result<(), ServeError> + Send + Sync {
+    move |input| {
+        let HostData::I64(tokens) = input.data() else {
+            return Err(ServeError::BadRequest("INT64 tokens only".into()));
+        };
+        match tokens.iter().find(|&&t| t < 0 || t as u64 >= vocab as u64) {
+            Some(t) => Err(ServeError::BadRequest(format!(
+                "token {t} is outside the vocabulary of {vocab}"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Servable for Offloaded {
     fn infer(&mut self, batch: HostTensor) -> Result<HostTensor, ServeError> {
         let rows = batch.rows();
@@ -255,6 +290,10 @@ impl Servable for Offloaded {
             .forward_layers((x - MEAN) / STD)
             .map_err(|error| ServeError::Model(error.to_string()))?;
         HostTensor::f32(rows, logits.dims()[1], host(logits))
+    }
+
+    fn validator(&self) -> Option<burn_serve::Validate> {
+        Some(std::sync::Arc::new(finite_pixels))
     }
 }
 
@@ -413,7 +452,7 @@ fn target(args: &Args) -> anyhow::Result<Target> {
         None => Corpus::read_fortunes(std::path::Path::new(FORTUNES_DIR))?,
     };
     let corpus = Corpus::split(&documents, 10, 10_000)?;
-    let context = config.context;
+    let (context, vocab) = (config.context, config.vocab);
     let windows: Vec<Vec<i64>> = (0..256)
         .map(|i| {
             let start = (i * 997) % (corpus.valid.len() - context);
@@ -444,7 +483,8 @@ fn target(args: &Args) -> anyhow::Result<Target> {
         input_name: "tokens",
         inputs,
         server: Box::new(move |batching| {
-            let model = BurnModel::int(lm.clone(), device, |m, tokens| m.next_logits(tokens));
+            let model = BurnModel::int(lm.clone(), device, |m, tokens| m.next_logits(tokens))
+                .with_validator(tokens_within(vocab));
             let mut server = Server::new(ServerConfig {
                 request_timeout: Some(timeout),
                 ..ServerConfig::default()
@@ -666,7 +706,8 @@ fn serve(args: &Args) -> anyhow::Result<()> {
         )
         .context("the language model")?;
         let device = Default::default();
-        let model = BurnModel::int(lm, device, |m, tokens| m.next_logits(tokens));
+        let model = BurnModel::int(lm, device, |m, tokens| m.next_logits(tokens))
+            .with_validator(tokens_within(config.vocab));
         let replicas: Vec<Box<dyn Servable>> = model
             .replicas(&vec![device; args.workers.max(1)])
             .into_iter()

@@ -15,8 +15,8 @@
 //! the mean.
 //!
 //! A row of padding alone (no token) gets the zero vector, as sentence-transformers' pooling
-//! gives; an id outside the vocabulary fails its batch with a 400 naming it (burn-serve
-//! checks a request's shape and type only, and a replica answers for a whole batch).
+//! gives. An id outside the vocabulary fails its own request with a 400 naming it: the
+//! replica's validator checks each request before burn-serve batches it.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -103,6 +103,23 @@ fn row_lengths(ids: &[i64], width: usize) -> Vec<usize> {
         .collect()
 }
 
+/// Every id of `ids` (rows of `width`) within a vocabulary of `vocab`: the check each request
+/// passes before it is batched, and each batch again before it runs.
+fn check_ids(ids: &[i64], width: usize, vocab: usize) -> Result<(), ServeError> {
+    match ids
+        .iter()
+        .enumerate()
+        .find(|&(_, &id)| id < 0 || id as u64 >= vocab as u64)
+    {
+        Some((at, &id)) => Err(ServeError::BadRequest(format!(
+            "token id {id} (row {}, position {}) is outside the vocabulary of {vocab}",
+            at / width.max(1),
+            at % width.max(1)
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Cuts `rows` rows of `width` ids to the longest real row (id 0 is padding) and checks
 /// every id against the vocabulary.
 fn trim(ids: &[i64], rows: usize, width: usize, vocab: usize) -> Result<Trimmed, ServeError> {
@@ -112,17 +129,7 @@ fn trim(ids: &[i64], rows: usize, width: usize, vocab: usize) -> Result<Trimmed,
             ids.len()
         )));
     }
-    if let Some((at, &id)) = ids
-        .iter()
-        .enumerate()
-        .find(|&(_, &id)| id < 0 || id as u64 >= vocab as u64)
-    {
-        return Err(ServeError::BadRequest(format!(
-            "token id {id} (row {}, position {}) is outside the vocabulary of {vocab}",
-            at / width,
-            at % width
-        )));
-    }
+    check_ids(ids, width, vocab)?;
     let lengths = row_lengths(ids, width);
     let seq = lengths.iter().copied().max().unwrap_or(0).max(1);
     let mut kept = Vec::with_capacity(rows * seq);
@@ -385,6 +392,18 @@ impl Servable for EncoderReplica {
             self.read_at = Some(Instant::now());
         }
         HostTensor::f32(rows, self.hidden, values)
+    }
+
+    fn validator(&self) -> Option<burn_serve::Validate> {
+        let vocab = self.vocab;
+        Some(std::sync::Arc::new(move |input: &HostTensor| {
+            let HostData::I64(ids) = input.data() else {
+                return Err(ServeError::BadRequest(format!(
+                    "{ENCODER_INPUT} must be INT64 token ids"
+                )));
+            };
+            check_ids(ids, input.row_len(), vocab)
+        }))
     }
 
     fn memory_in_use(&self) -> Option<u64> {
