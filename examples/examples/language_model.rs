@@ -43,10 +43,11 @@ use std::time::{Duration, Instant};
 
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::optim::{GradientsParams, Optimizer};
 use burn::tensor::ElementConversion as _;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn_compress::{AttentionKind, Converter, FeatureMap, LinearKind, Selection};
+use burn_fused::optim::FusedAdamConfig;
 use burn_memory::offload::{OffloadConfig, OffloadManager};
 use burn_memory::{
     CountingAllocator, DeviceMemory, DeviceTransfer, MemoryTracker, MixedPrecisionConfig,
@@ -535,9 +536,10 @@ fn profile_arm<B>(
 ) -> anyhow::Result<Profile>
 where
     B: AutodiffBackend + SketchBackend + DeviceMemory,
+    B::InnerBackend: SketchBackend,
 {
     let device = B::Device::default();
-    let mut optim = AdamConfig::new().init::<B, TransformerLm<B>>();
+    let mut optim = FusedAdamConfig::new().init::<B, TransformerLm<B>>();
     let mut positions = Positions::new(0);
     let tracker = MemoryTracker::<B>::new(&device);
     let mut profile = Profile {
@@ -633,7 +635,7 @@ where
 {
     let device = B::Device::default();
     let mut run = Run::new(&model, arm, seed);
-    let mut optim = AdamConfig::new().init::<B, TransformerLm<B>>();
+    let mut optim = FusedAdamConfig::new().init::<B, TransformerLm<B>>();
     let mut positions = Positions::new(seed);
     // Under `--mpi`, this rank's share of the job.
     let share = args
@@ -759,7 +761,7 @@ where
         LinearKind::Dense,
     )
     .init::<B>(&device);
-    let mut optim = AdamConfig::new().init::<B, TransformerLm<B>>();
+    let mut optim = FusedAdamConfig::new().init::<B, TransformerLm<B>>();
     let mut positions = Positions::new(seed);
     let tracker = MemoryTracker::<B>::new(&device);
     let (mut peak, mut elapsed) = (0, Duration::ZERO);
