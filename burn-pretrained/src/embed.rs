@@ -1,11 +1,11 @@
-//! [`SentenceEncoder`]: texts in, unit-length sentence embeddings out (mean pooling over real
-//! tokens, as sentence-transformers' models are used).
+//! [`SentenceEncoder`]: texts in, sentence embeddings out, pooled as the model's
+//! sentence-transformers files say ([`Pooling`]).
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use burn_sketch::SketchBackend;
 
-use crate::{BertEncoder, Pretrained, PretrainedError, Tokenizer, mean_pool, normalize};
+use crate::{BertEncoder, Pooling, Pretrained, PretrainedError, Tokenizer};
 
 /// An encoder with its tokenizer: embeds texts.
 #[derive(Debug)]
@@ -14,22 +14,31 @@ pub struct SentenceEncoder<B: Backend> {
     pub encoder: BertEncoder<B>,
     /// Its tokenizer.
     pub tokenizer: Tokenizer,
+    /// How token states become the embedding.
+    pub pooling: Pooling,
     device: B::Device,
 }
 
 impl<B: Backend> SentenceEncoder<B> {
-    /// Pairs an encoder with its tokenizer on `device`.
+    /// Pairs an encoder with its tokenizer on `device`, pooling as all-MiniLM-L6-v2 does
+    /// (mean, unit length; [`with_pooling`](Self::with_pooling) changes it).
     pub fn new(encoder: BertEncoder<B>, tokenizer: Tokenizer, device: B::Device) -> Self {
         Self {
             encoder,
             tokenizer,
+            pooling: Pooling::MEAN_NORMALIZED,
             device,
         }
     }
 
-    /// A loaded directory's encoder and tokenizer.
+    /// The same encoder pooling by `pooling`.
+    pub fn with_pooling(self, pooling: Pooling) -> Self {
+        Self { pooling, ..self }
+    }
+
+    /// A loaded directory's encoder, tokenizer and pooling.
     pub fn from_pretrained(model: Pretrained<B>, device: B::Device) -> Self {
-        Self::new(model.encoder, model.tokenizer, device)
+        Self::new(model.encoder, model.tokenizer, device).with_pooling(model.pooling)
     }
 
     /// The device the encoder is on.
@@ -44,7 +53,7 @@ impl<B: SketchBackend> SentenceEncoder<B> {
         let batch = self.tokenizer.encode(texts)?;
         let input = batch.to_input::<B>(&self.device);
         let hidden = self.encoder.forward(&input);
-        Ok(normalize(mean_pool(hidden, input.mask_pad)))
+        Ok(self.pooling.apply(hidden, input.mask_pad))
     }
 
     /// Embeddings of many texts as rows of `f32`, in batches of `batch_size` texts of similar

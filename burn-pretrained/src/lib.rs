@@ -51,7 +51,7 @@ pub use load::{
     HfFiles, ParamDType, Pretrained, load_hf, load_hf_with, load_weights, load_weights_with,
 };
 pub use model::{BertEmbeddings, BertEncoder, BertLayer, EncoderInput, LayerTrace};
-pub use pooling::{mean_pool, normalize};
+pub use pooling::{Pooling, PoolingMode, mean_pool, normalize};
 pub use tokenize::{TokenBatch, Tokenizer};
 
 /// The crate README's example, compiled and run as a doctest so that it stays true.

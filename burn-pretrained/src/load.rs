@@ -17,7 +17,7 @@ use burn_store::{
     TensorSnapshot,
 };
 
-use crate::{BertConfig, BertEncoder, Misshapen, PretrainedError, Tokenizer};
+use crate::{BertConfig, BertEncoder, Misshapen, Pooling, PretrainedError, Tokenizer};
 
 /// Hugging Face's module names to the encoder's, in order. Variants of `AnyLinear` are
 /// matched with burn-store's `skip_enum_variants`.
@@ -114,6 +114,8 @@ pub struct Pretrained<B: Backend> {
     pub config: BertConfig,
     /// Its tokenizer, cut at the model's trained length (at most its positions).
     pub tokenizer: Tokenizer,
+    /// How its sentence-transformers files pool token states into an embedding.
+    pub pooling: Pooling,
 }
 
 /// The type a checkpoint's float tensors take as the encoder's parameters.
@@ -188,7 +190,9 @@ pub fn load_hf_with<B: Backend>(
     device: &B::Device,
     dtype: ParamDType,
 ) -> Result<Pretrained<B>, PretrainedError> {
+    let dir = dir.as_ref();
     let files = HfFiles::in_dir(dir)?;
+    let pooling = Pooling::from_dir(dir)?;
     let config = BertConfig::from_hf_file(&files.config)?;
     let mut encoder = config.try_init::<B>(device)?;
     load_weights_with(&mut encoder, &config, &files.weights, dtype)?;
@@ -209,6 +213,7 @@ pub fn load_hf_with<B: Backend>(
         encoder,
         config,
         tokenizer,
+        pooling,
     })
 }
 

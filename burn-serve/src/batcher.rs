@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 
 use crate::metrics::ModelMetrics;
 use crate::sync::lock;
-use crate::{HostTensor, Servable, ServeError, Validate};
+use crate::{CountTokens, HostTensor, Servable, ServeError, Validate};
 
 /// How requests are grouped into batches.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -32,15 +32,21 @@ pub struct BatcherConfig {
     pub max_queue_delay: Duration,
     /// The most requests waiting; one more is answered [`ServeError::Overloaded`].
     pub queue_capacity: usize,
+    /// The most tokens one batch holds, as the model counts them ([`Servable::token_count`];
+    /// TEI's `max_batch_tokens`): long texts make small batches and short ones large, so a
+    /// batch's cost stays bounded. `None`: rows alone bound a batch.
+    #[serde(default)]
+    pub max_batch_tokens: Option<usize>,
 }
 
 impl Default for BatcherConfig {
-    /// 32 rows, 2 ms, 1024 requests.
+    /// 32 rows, 2 ms, 1024 requests, no token budget.
     fn default() -> Self {
         Self {
             max_batch_size: 32,
             max_queue_delay: Duration::from_millis(2),
             queue_capacity: 1024,
+            max_batch_tokens: None,
         }
     }
 }
@@ -60,6 +66,7 @@ type Reply = oneshot::Sender<Result<HostTensor, ServeError>>;
 
 struct Pending {
     input: HostTensor,
+    tokens: usize,
     enqueued: Instant,
     deadline: Option<Instant>,
     reply: Reply,
@@ -68,6 +75,7 @@ struct Pending {
 struct Queue {
     pending: VecDeque<Pending>,
     rows: usize,
+    tokens: usize,
     open: bool,
 }
 
@@ -77,6 +85,7 @@ struct Shared {
     work: Condvar,
     metrics: ModelMetrics,
     validate: Option<Validate>,
+    count_tokens: Option<CountTokens>,
 }
 
 impl Shared {
@@ -147,20 +156,26 @@ impl Batcher {
         if config.queue_capacity == 0 {
             return Err(ServeError::invalid("queue_capacity", "0 requests"));
         }
+        if config.max_batch_tokens == Some(0) {
+            return Err(ServeError::invalid("max_batch_tokens", "0 tokens"));
+        }
         let Some(first) = replicas.first() else {
             return Err(ServeError::invalid("replicas", "no model replica to run"));
         };
         let validate = first.validator();
+        let count_tokens = first.token_count();
         let shared = Arc::new(Shared {
             config,
             queue: Mutex::new(Queue {
                 pending: VecDeque::new(),
                 rows: 0,
+                tokens: 0,
                 open: true,
             }),
             work: Condvar::new(),
             metrics,
             validate,
+            count_tokens,
         });
         let workers = replicas
             .into_iter()
@@ -189,9 +204,9 @@ impl Batcher {
         self.shared.lock().pending.len()
     }
 
-    /// Queues `input` (`[rows, ...]`). Fails at once when the request has no rows or more than
-    /// `max_batch_size`, fails the model's [`Validate`] check, the queue is full, or the
-    /// batcher is shutting down. A request still
+    /// Queues `input` (`[rows, ...]`). Fails at once when the request has no rows, more than
+    /// `max_batch_size` or more tokens than `max_batch_tokens`, fails the model's [`Validate`]
+    /// check, the queue is full, or the batcher is shutting down. A request still
     /// queued at its `deadline` is answered [`ServeError::DeadlineExceeded`] without running.
     pub fn submit(
         &self,
@@ -209,6 +224,12 @@ impl Batcher {
         if let Some(validate) = &self.shared.validate {
             validate(&input)?;
         }
+        let tokens = self.tokens(&input);
+        if let Some(budget) = self.shared.config.max_batch_tokens
+            && tokens > budget
+        {
+            return Err(ServeError::TooManyTokens { tokens, max: budget });
+        }
         let (reply, answer) = oneshot::channel();
         let mut queue = self.shared.lock();
         if !queue.open {
@@ -220,20 +241,38 @@ impl Batcher {
             });
         }
         queue.rows += rows;
+        queue.tokens += tokens;
         queue.pending.push_back(Pending {
             input,
+            tokens,
             enqueued: Instant::now(),
             deadline,
             reply,
         });
         // A worker needs waking only to start a batch's clock or to take a full batch; in
         // between, the one waiting for the batch to fill would wake and sleep again for nothing.
-        let wake = queue.pending.len() == 1 || queue.rows >= max;
+        let wake = queue.pending.len() == 1 || queue.rows >= max || self.full_of_tokens(&queue);
         drop(queue);
         if wake {
             self.shared.work.notify_one();
         }
         Ok(Ticket(answer))
+    }
+
+    /// The tokens of `input` as the model counts them ([`Servable::token_count`]); without a
+    /// count, its elements.
+    pub fn tokens(&self, input: &HostTensor) -> usize {
+        match &self.shared.count_tokens {
+            Some(count) => count(input),
+            None => input.data().len(),
+        }
+    }
+
+    fn full_of_tokens(&self, queue: &Queue) -> bool {
+        self.shared
+            .config
+            .max_batch_tokens
+            .is_some_and(|budget| queue.tokens >= budget)
     }
 
     /// Stops accepting requests, lets the workers finish every accepted one, and waits for
@@ -352,7 +391,10 @@ fn next_batch(shared: &Shared) -> Option<Vec<Pending>> {
         };
         let due = oldest.enqueued + config.max_queue_delay;
         let now = Instant::now();
-        if queue.rows >= config.max_batch_size || now >= due || !queue.open {
+        let full_of_tokens = config
+            .max_batch_tokens
+            .is_some_and(|budget| queue.tokens >= budget);
+        if queue.rows >= config.max_batch_size || full_of_tokens || now >= due || !queue.open {
             break;
         }
         queue = shared
@@ -362,16 +404,22 @@ fn next_batch(shared: &Shared) -> Option<Vec<Pending>> {
             .0;
     }
     let mut batch = Vec::new();
-    let mut rows = 0;
+    let (mut rows, mut tokens) = (0, 0);
     while let Some(next) = queue.pending.front() {
         let next_rows = next.input.rows();
-        if rows + next_rows > config.max_batch_size {
+        let over_budget = config
+            .max_batch_tokens
+            .is_some_and(|budget| tokens + next.tokens > budget);
+        // A request fits any empty batch: submit refused those over either bound.
+        if !batch.is_empty() && (rows + next_rows > config.max_batch_size || over_budget) {
             break;
         }
         rows += next_rows;
+        tokens += next.tokens;
         batch.push(queue.pending.pop_front().expect("front exists"));
     }
     queue.rows -= rows;
+    queue.tokens -= tokens;
     let more = !queue.pending.is_empty();
     drop(queue);
     if more {

@@ -20,6 +20,27 @@ pub enum ServeError {
         /// The model's `max_batch_size`.
         max: usize,
     },
+    /// The request holds more tokens than one batch may (`max_batch_tokens`).
+    #[error("the request holds {tokens} tokens; this model takes at most {max} per batch")]
+    TooManyTokens {
+        /// Tokens in the request.
+        tokens: usize,
+        /// The model's `max_batch_tokens`.
+        max: usize,
+    },
+    /// A text is longer than the model takes, and the request asked not to truncate it.
+    #[error(
+        "input {index} has more than {max} tokens; send `truncate: true` to cut it to {max}"
+    )]
+    InputTooLong {
+        /// The text's place in the request.
+        index: usize,
+        /// The most tokens a text may have.
+        max: usize,
+    },
+    /// A missing or wrong API key.
+    #[error("{0}")]
+    Unauthorized(String),
     /// The queue is full: the server is overloaded; retry later.
     #[error("the model's queue is full ({capacity} requests waiting): retry later")]
     Overloaded {
@@ -55,15 +76,17 @@ pub enum ServeError {
 }
 
 impl ServeError {
-    /// The HTTP status of the error: 400 for a bad request, 404 for an unknown model, 413 for a
-    /// request over the batch size, 503 when overloaded, over the memory cap or shutting down, 504
+    /// The HTTP status of the error: 400 for a bad request, 401 without the API key, 404 for
+    /// an unknown model, 413 for a request over the batch size or token budget or a text over
+    /// the input length, 503 when overloaded, over the memory cap or shutting down, 504
     /// past the deadline,
     /// 500 when the model failed.
     pub fn status(&self) -> u16 {
         match self {
             Self::BadRequest(_) | Self::Invalid { .. } => 400,
             Self::UnknownModel(_) => 404,
-            Self::TooLarge { .. } => 413,
+            Self::Unauthorized(_) => 401,
+            Self::TooLarge { .. } | Self::TooManyTokens { .. } | Self::InputTooLong { .. } => 413,
             Self::Overloaded { .. } | Self::MemoryLimit(_) | Self::ShuttingDown => 503,
             Self::DeadlineExceeded { .. } => 504,
             Self::Model(_) | Self::Io(_) => 500,

@@ -11,6 +11,9 @@
 //!   ([`Metrics`]).
 //! - [`BurnModel`]: any Burn module with its forward function as a [`Servable`] replica.
 //! - [`Client`]: a client of the protocol on one keep-alive connection.
+//! - [`TextModel`]: text in for an embedding model, its [`Tokenize`]r run on the server:
+//!   `BYTES` tensors on the protocol, and TEI's and OpenAI's embedding endpoints
+//!   ([`embeddings`]) on the same batcher.
 //!
 //! Modules: `batcher`, `server` (axum) and its [`protocol`] messages, `tensor` (the host
 //! tensors requests carry), `model` ([`Servable`], [`BurnModel`]), `metrics` (Prometheus) and
@@ -25,6 +28,7 @@
 
 mod batcher;
 mod client;
+pub mod embeddings;
 mod error;
 mod metrics;
 mod model;
@@ -32,14 +36,16 @@ pub mod protocol;
 mod server;
 mod sync;
 mod tensor;
+mod text;
 
 pub use batcher::{Batcher, BatcherConfig, Ticket};
 pub use client::{Answer, Client};
 pub use error::ServeError;
 pub use metrics::{Metrics, ModelMetrics};
-pub use model::{BurnModel, ModelSpec, Servable, TensorSpec, Validate};
+pub use model::{BurnModel, CountTokens, ModelSpec, Servable, TensorSpec, Validate};
 pub use server::{RunningServer, Server, ServerConfig};
 pub use tensor::{DataType, HostData, HostTensor};
+pub use text::{Encoded, TextModel, Token, Tokenize};
 
 /// The crate README's example, compiled and run as a doctest so that it stays true.
 #[doc = include_str!("../README.md")]

@@ -62,6 +62,10 @@ pub struct ModelSpec {
 /// fails alone, with its own message, instead of failing the batch it would have joined.
 pub type Validate = Arc<dyn Fn(&HostTensor) -> Result<(), ServeError> + Send + Sync>;
 
+/// How many tokens a request holds (its real ids, padding left out), for a batcher with a
+/// token budget ([`crate::BatcherConfig::max_batch_tokens`]).
+pub type CountTokens = Arc<dyn Fn(&HostTensor) -> usize + Send + Sync>;
+
 /// One replica of a model, owned by one worker thread: it maps a batch of rows to as many
 /// rows of output.
 pub trait Servable: Send + 'static {
@@ -72,6 +76,12 @@ pub trait Servable: Send + 'static {
     /// the server checks against the [`ModelSpec`]). The batcher takes it from its first
     /// replica.
     fn validator(&self) -> Option<Validate> {
+        None
+    }
+
+    /// How the model counts a request's tokens, for a token budget (`None`: every element
+    /// is one). The batcher takes it from its first replica.
+    fn token_count(&self) -> Option<CountTokens> {
         None
     }
 
@@ -90,6 +100,10 @@ impl Servable for Box<dyn Servable> {
 
     fn validator(&self) -> Option<Validate> {
         (**self).validator()
+    }
+
+    fn token_count(&self) -> Option<CountTokens> {
+        (**self).token_count()
     }
 
     fn memory_in_use(&self) -> Option<u64> {

@@ -59,12 +59,44 @@ pub fn binary_body<T: Serialize>(header: &T, blobs: &[Vec<u8>]) -> (Vec<u8>, usi
     (body, length)
 }
 
-/// A tensor's elements as little-endian bytes.
+/// A tensor's elements as little-endian bytes; a `BYTES` element is its length (4 bytes,
+/// little-endian) then its bytes, as Triton's clients write them.
 pub fn to_bytes(tensor: &HostTensor) -> Vec<u8> {
     match tensor.data() {
         HostData::F32(values) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         HostData::I64(values) => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        HostData::Bytes(values) => {
+            let mut bytes = Vec::with_capacity(values.iter().map(|v| v.len() + 4).sum());
+            for value in values {
+                bytes.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                bytes.extend_from_slice(value);
+            }
+            bytes
+        }
     }
+}
+
+/// `BYTES` elements from their binary form: each a 4-byte little-endian length, then as many
+/// bytes.
+fn byte_strings(name: &str, mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, ServeError> {
+    let mut values = Vec::new();
+    while !bytes.is_empty() {
+        let truncated = || {
+            ServeError::bad(format!(
+                "tensor '{name}': BYTES element {} is cut short",
+                values.len()
+            ))
+        };
+        let (length, rest) = bytes.split_first_chunk::<4>().ok_or_else(truncated)?;
+        let length = u32::from_le_bytes(*length) as usize;
+        if rest.len() < length {
+            return Err(truncated());
+        }
+        let (value, rest) = rest.split_at(length);
+        values.push(value.to_vec());
+        bytes = rest;
+    }
+    Ok(values)
 }
 
 /// Takes the tensors of `tensors` that hold binary data from `binary`, in order: each gets its
@@ -215,6 +247,12 @@ impl JsonTensor {
                 Value::Array(values.iter().map(|&v| Value::from(f64::from(v))).collect())
             }
             HostData::I64(values) => Value::Array(values.iter().map(|&v| Value::from(v)).collect()),
+            HostData::Bytes(values) => Value::Array(
+                values
+                    .iter()
+                    .map(|v| Value::from(String::from_utf8_lossy(v).into_owned()))
+                    .collect(),
+            ),
         };
         Self {
             name: name.into(),
@@ -260,9 +298,10 @@ impl JsonTensor {
         let datatype = match self.datatype.as_str() {
             "FP32" => DataType::Fp32,
             "INT64" => DataType::Int64,
+            "BYTES" => DataType::Bytes,
             other => {
                 return Err(ServeError::bad(format!(
-                    "tensor '{name}' has datatype '{other}'; FP32 and INT64 are supported"
+                    "tensor '{name}' has datatype '{other}'; FP32, INT64 and BYTES are supported"
                 )));
             }
         };
@@ -281,6 +320,11 @@ impl JsonTensor {
         let width = match datatype {
             DataType::Fp32 => 4,
             DataType::Int64 => 8,
+            DataType::Bytes => {
+                let values = byte_strings(&self.name, bytes)?;
+                return HostTensor::new(shape, HostData::Bytes(values))
+                    .map_err(|error| ServeError::bad(format!("tensor '{}': {error}", self.name)));
+            }
         };
         if !bytes.len().is_multiple_of(width) {
             return Err(ServeError::bad(format!(
@@ -303,6 +347,7 @@ impl JsonTensor {
                     .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
                     .collect(),
             ),
+            DataType::Bytes => unreachable!("returned above"),
         };
         HostTensor::new(shape, data)
             .map_err(|error| ServeError::bad(format!("tensor '{}': {error}", self.name)))
@@ -340,6 +385,17 @@ impl JsonTensor {
                     .iter()
                     .enumerate()
                     .map(|(i, v)| v.as_i64().ok_or_else(|| element(i, v)))
+                    .collect::<Result<_, _>>()?,
+            ),
+            DataType::Bytes => HostData::Bytes(
+                leaves
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        v.as_str()
+                            .map(|text| text.as_bytes().to_vec())
+                            .ok_or_else(|| element(i, v))
+                    })
                     .collect::<Result<_, _>>()?,
             ),
         };
@@ -391,12 +447,12 @@ fn flatten<'a>(value: &'a Value, out: &mut Vec<&'a Value>, depth: usize) -> Resu
             Ok(())
         }
         Value::Array(_) => Err(format!("data nested deeper than {MAX_DEPTH}")),
-        Value::Number(_) if depth > 0 => {
+        Value::Number(_) | Value::String(_) if depth > 0 => {
             out.push(value);
             Ok(())
         }
         _ if depth == 0 => Err("data must be an array".to_string()),
-        other => Err(format!("element {other} is not a number")),
+        other => Err(format!("element {other} is not a number or a string")),
     }
 }
 

@@ -8,6 +8,21 @@
 //! | `GET /v2/models/{name}[/versions/{v}]/ready` | 200 |
 //! | `POST /v2/models/{name}[/versions/{v}]/infer` | [`InferResponse`], or an [`ErrorResponse`] with [`ServeError::status`] |
 //! | `GET /metrics` | Prometheus metrics ([`Metrics`]) |
+//!
+//! With a [`TextModel`] ([`Server::add_text_model`]), the embedding endpoints too (messages in
+//! [`crate::embeddings`]), and the model's `infer` takes a `BYTES` tensor of texts as well:
+//!
+//! | endpoint | answer |
+//! |---|---|
+//! | `POST /embed` (TEI) | one array of floats per input |
+//! | `POST /v1/embeddings` (OpenAI) | [`OpenAiResponse`] |
+//! | `GET /v1/models` (OpenAI) | the text models |
+//! | `POST /tokenize` (TEI) | each input's tokens |
+//! | `GET /info` (TEI) | [`Info`] |
+//! | `GET /health` (TEI) | 200, or 503 once shutting down |
+//!
+//! With an API key ([`ServerConfig::api_key`]), every endpoint but the health checks wants
+//! `Authorization: Bearer KEY` and answers 401 without it.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -23,12 +38,25 @@ use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use crate::embeddings::{
+    EmbedRequest, EncodingFormat, Info, Input, OpenAiEmbedding, OpenAiError, OpenAiErrorBody,
+    OpenAiRequest, OpenAiResponse, TeiError, TokenizeRequest, Usage,
+};
 use crate::metrics::{Metrics, ModelMetrics};
 use crate::protocol::{
-    ErrorResponse, HEADER_LENGTH, InferRequest, InferResponse, JsonTensor, ModelMetadata,
-    ServerMetadata, binary_body, split_body,
+    ErrorResponse, HEADER_LENGTH, InferRequest, InferResponse, JsonTensor, MetadataTensor,
+    ModelMetadata, ServerMetadata, binary_body, host_tensors, split_body,
 };
-use crate::{Batcher, BatcherConfig, ModelSpec, Servable, ServeError};
+use crate::text::{Embedded, Inputs, TextFront, rows_of};
+use crate::{
+    Batcher, BatcherConfig, DataType, HostData, HostTensor, ModelSpec, Servable, ServeError,
+    TextModel, Ticket,
+};
 
 /// Server-wide settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,16 +69,20 @@ pub struct ServerConfig {
     pub request_timeout: Option<Duration>,
     /// Threads that parse requests and write answers (the models run on their own workers).
     pub http_threads: usize,
+    /// The key every request but the health checks must send as `Authorization: Bearer KEY`
+    /// (401 without it); `None`: no key.
+    pub api_key: Option<String>,
 }
 
 impl Default for ServerConfig {
-    /// `burn-serve`, 16 MiB bodies, 10 s deadline, 2 HTTP threads.
+    /// `burn-serve`, 16 MiB bodies, 10 s deadline, 2 HTTP threads, no API key.
     fn default() -> Self {
         Self {
             name: "burn-serve".to_string(),
             max_body_bytes: 16 << 20,
             request_timeout: Some(Duration::from_secs(10)),
             http_threads: 2,
+            api_key: None,
         }
     }
 }
@@ -59,11 +91,14 @@ struct Model {
     spec: ModelSpec,
     batcher: Batcher,
     metrics: ModelMetrics,
+    text: Option<TextFront>,
 }
 
 struct Shared {
     config: ServerConfig,
     models: HashMap<String, Model>,
+    /// The text models' names, in the order added: `/embed` serves the first.
+    text_models: Vec<String>,
     metrics: Metrics,
     ready: AtomicBool,
 }
@@ -92,6 +127,7 @@ impl Server {
             shared: Shared {
                 config,
                 models: HashMap::new(),
+                text_models: Vec::new(),
                 metrics: Metrics::default(),
                 ready: AtomicBool::new(true),
             },
@@ -104,6 +140,46 @@ impl Server {
         spec: ModelSpec,
         batching: BatcherConfig,
         replicas: Vec<S>,
+    ) -> Result<&mut Self, ServeError> {
+        self.add(spec, batching, replicas, None)
+    }
+
+    /// Serves `spec.name` as [`add_model`](Self::add_model) does, and takes text for it: the
+    /// embedding endpoints, and a `BYTES` input named `text.text_input` on `infer`. The
+    /// model's input must be `INT64 [-1, width]` token ids, padded at the end with
+    /// `text.pad_id`, with `width` at least the tokenizer's `max_length`; its output
+    /// `FP32 [-1, hidden]`, one embedding per row.
+    pub fn add_text_model<S: Servable>(
+        &mut self,
+        spec: ModelSpec,
+        batching: BatcherConfig,
+        replicas: Vec<S>,
+        text: TextModel,
+    ) -> Result<&mut Self, ServeError> {
+        if spec.input.datatype != DataType::Int64
+            || spec.input.shape.len() != 2
+            || spec.output.datatype != DataType::Fp32
+            || spec.output.shape.len() != 2
+        {
+            return Err(ServeError::invalid(
+                "text model",
+                "its input must be INT64 [-1, width] token ids and its output FP32 [-1, hidden]",
+            ));
+        }
+        let width = spec.input.row_shape()[0];
+        let front = TextFront::new(text, width)?;
+        let name = spec.name.clone();
+        self.add(spec, batching, replicas, Some(front))?;
+        self.shared.text_models.push(name);
+        Ok(self)
+    }
+
+    fn add<S: Servable>(
+        &mut self,
+        spec: ModelSpec,
+        batching: BatcherConfig,
+        replicas: Vec<S>,
+        text: Option<TextFront>,
     ) -> Result<&mut Self, ServeError> {
         if self.shared.models.contains_key(&spec.name) {
             return Err(ServeError::invalid(
@@ -125,6 +201,7 @@ impl Server {
                 spec,
                 batcher,
                 metrics,
+                text,
             },
         );
         Ok(self)
@@ -253,9 +330,54 @@ fn router(shared: Arc<Shared>) -> Router {
             post(infer_version),
         )
         .route("/metrics", get(metrics))
+        .route("/embed", post(tei_embed))
+        .route("/tokenize", post(tei_tokenize))
+        .route("/info", get(tei_info))
+        .route("/health", get(health))
+        .route("/v1/embeddings", post(openai_embeddings))
+        .route("/v1/models", get(openai_models))
         .fallback(|| async { error(&ServeError::bad("no such endpoint"), StatusCode::NOT_FOUND) })
+        .layer(middleware::from_fn_with_state(Arc::clone(&shared), authorize))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(shared)
+}
+
+/// Refuses a request without the server's API key (health checks excepted): 401, in the
+/// error shape of the endpoint's family.
+async fn authorize(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    let Some(key) = &shared.config.api_key else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path();
+    if matches!(path, "/health" | "/v2/health/live" | "/v2/health/ready") {
+        return next.run(request).await;
+    }
+    let sent = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    match sent {
+        Some(sent) if same_key(sent.trim().as_bytes(), key.as_bytes()) => next.run(request).await,
+        _ => {
+            let err = ServeError::Unauthorized(match sent {
+                None => "this server wants an API key: send `Authorization: Bearer KEY`".into(),
+                Some(_) => "the API key is wrong".into(),
+            });
+            if path.starts_with("/v1/") {
+                openai_error(&err)
+            } else if path.starts_with("/v2") {
+                error_response(&err)
+            } else {
+                tei_error(&err)
+            }
+        }
+    }
+}
+
+/// Compares keys in time independent of where they differ.
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn error(error: &ServeError, status: StatusCode) -> Response {
@@ -315,7 +437,18 @@ async fn model_metadata_version(
 
 fn metadata(shared: &Shared, name: &str, version: Option<&str>) -> Response {
     match shared.model(name, version) {
-        Ok(model) => axum::Json(ModelMetadata::from(&model.spec)).into_response(),
+        Ok(model) => {
+            let mut metadata = ModelMetadata::from(&model.spec);
+            if let Some(front) = &model.text {
+                // The texts the model takes besides its ids: one of the two per request.
+                metadata.inputs.push(MetadataTensor {
+                    name: front.model.text_input.clone(),
+                    datatype: DataType::Bytes.name().to_string(),
+                    shape: vec![-1],
+                });
+            }
+            axum::Json(metadata).into_response()
+        }
         Err(err) => error_response(&err),
     }
 }
@@ -435,22 +568,32 @@ async fn run(
     let (json, binary) = split_body(body, header_length)?;
     let request: InferRequest = serde_json::from_slice(json)
         .map_err(|error| ServeError::bad(format!("malformed request: {error}")))?;
-    let input = request.input_for(&model.spec, binary)?;
     let timeout = request
         .timeout_micros()?
         .map(Duration::from_micros)
         .or(shared.config.request_timeout);
     let deadline = timeout.map(|timeout| arrived + timeout);
-    let ticket = model.batcher.submit(input, deadline)?;
-    let output = match deadline {
-        Some(deadline) => tokio::time::timeout_at(deadline.into(), ticket.result())
-            .await
-            .unwrap_or_else(|_| {
-                Err(ServeError::DeadlineExceeded {
-                    waited_ms: arrived.elapsed().as_secs_f64() * 1e3,
-                })
-            })?,
-        None => ticket.result().await?,
+    let texts = model.text.as_ref().filter(|front| {
+        matches!(request.inputs.as_slice(), [input]
+            if input.name == front.model.text_input && input.datatype == "BYTES")
+    });
+    let output = match texts {
+        Some(front) => {
+            let [tensor] = host_tensors(&request.inputs, binary)?
+                .try_into()
+                .map_err(|_| ServeError::bad("one input"))?;
+            let HostData::Bytes(texts) = tensor.into_data() else {
+                unreachable!("a BYTES tensor")
+            };
+            let ids = front.ids(Inputs::Texts(texts), None).await?;
+            let tickets = front.submit(&model.batcher, &ids, deadline)?;
+            HostTensor::concat(wait_all(tickets, deadline, arrived).await?)?
+        }
+        None => {
+            let input = request.input_for(&model.spec, binary)?;
+            let ticket = model.batcher.submit(input, deadline)?;
+            wait(ticket, deadline, arrived).await?
+        }
     };
     let binary = request.wants_binary_output();
     let (tensor, bytes) = if binary {
@@ -476,4 +619,311 @@ async fn run(
         }
         None => Reply::Json(response),
     })
+}
+
+/// A ticket's answer, or [`ServeError::DeadlineExceeded`] at `deadline`.
+async fn wait(
+    ticket: Ticket,
+    deadline: Option<Instant>,
+    arrived: Instant,
+) -> Result<HostTensor, ServeError> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline.into(), ticket.result())
+            .await
+            .unwrap_or_else(|_| {
+                Err(ServeError::DeadlineExceeded {
+                    waited_ms: arrived.elapsed().as_secs_f64() * 1e3,
+                })
+            }),
+        None => ticket.result().await,
+    }
+}
+
+/// Every ticket's answer, in order (all were submitted: they run while the first is awaited).
+async fn wait_all(
+    tickets: Vec<Ticket>,
+    deadline: Option<Instant>,
+    arrived: Instant,
+) -> Result<Vec<HostTensor>, ServeError> {
+    let mut outputs = Vec::with_capacity(tickets.len());
+    for ticket in tickets {
+        outputs.push(wait(ticket, deadline, arrived).await?);
+    }
+    Ok(outputs)
+}
+
+// The embedding endpoints.
+
+/// TEI's error type of an error.
+fn tei_kind(err: &ServeError) -> &'static str {
+    match err {
+        ServeError::TooLarge { .. }
+        | ServeError::TooManyTokens { .. }
+        | ServeError::InputTooLong { .. } => "validation",
+        ServeError::BadRequest(_) | ServeError::UnknownModel(_) | ServeError::Invalid { .. } => {
+            "validation"
+        }
+        ServeError::Unauthorized(_) => "unauthorized",
+        ServeError::Overloaded { .. } | ServeError::MemoryLimit(_) => "overloaded",
+        ServeError::ShuttingDown => "unhealthy",
+        _ => "backend",
+    }
+}
+
+fn tei_error(err: &ServeError) -> Response {
+    let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = TeiError {
+        error: err.to_string(),
+        error_type: tei_kind(err).to_string(),
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+fn openai_error(err: &ServeError) -> Response {
+    let status = StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let kind = match status.as_u16() {
+        401 => "authentication_error",
+        503 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    };
+    let param = match err {
+        ServeError::UnknownModel(_) => Some("model".to_string()),
+        ServeError::TooLarge { .. } | ServeError::InputTooLong { .. } => Some("input".to_string()),
+        _ => None,
+    };
+    let body = OpenAiError {
+        error: OpenAiErrorBody {
+            message: err.to_string(),
+            kind: kind.to_string(),
+            param,
+            code: Some(status.as_u16().to_string()),
+        },
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+impl Shared {
+    /// The text model `/embed` and `/tokenize` serve: the first added.
+    fn text_model(&self, name: Option<&str>) -> Result<(&Model, &TextFront), ServeError> {
+        let found = match name {
+            Some(name) if self.text_models.iter().any(|served| served == name) => Some(name),
+            // TEI serves one model and ignores the name; so does this server with one.
+            Some(_) if self.text_models.len() == 1 => Some(self.text_models[0].as_str()),
+            Some(name) => return Err(ServeError::UnknownModel(name.to_string())),
+            None => self.text_models.first().map(String::as_str),
+        };
+        let model = found
+            .and_then(|name| self.models.get(name))
+            .ok_or_else(|| ServeError::UnknownModel("no text model is served".to_string()))?;
+        let front = model.text.as_ref().expect("a text model has a front");
+        Ok((model, front))
+    }
+}
+
+fn inputs_of(input: Input) -> Inputs {
+    match input {
+        Input::Text(text) => Inputs::Texts(vec![text.into_bytes()]),
+        Input::Texts(texts) => Inputs::Texts(texts.into_iter().map(String::into_bytes).collect()),
+        Input::Ids(ids) => Inputs::Ids(vec![ids]),
+        Input::IdLists(ids) => Inputs::Ids(ids),
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ServeError> {
+    serde_json::from_slice(body).map_err(|error| ServeError::bad(format!("malformed request: {error}")))
+}
+
+/// Embeds `inputs` on `model`: tokenized, batched with everything else the model serves, and
+/// normalized when asked.
+async fn embed(
+    shared: &Shared,
+    model: &Model,
+    front: &TextFront,
+    inputs: Inputs,
+    truncate: Option<bool>,
+    normalize: bool,
+    arrived: Instant,
+) -> Result<Embedded, ServeError> {
+    let deadline = shared.config.request_timeout.map(|timeout| arrived + timeout);
+    let ids = front.ids(inputs, truncate).await?;
+    let tickets = front.submit(&model.batcher, &ids, deadline)?;
+    let outputs = wait_all(tickets, deadline, arrived).await?;
+    Ok(Embedded::new(rows_of(outputs, normalize)?, &ids))
+}
+
+/// Runs `answer` for a text model and records its status and latency in the model's metrics;
+/// errors in the shape `fail` writes.
+async fn observed(
+    shared: &Shared,
+    name: Option<&str>,
+    fail: fn(&ServeError) -> Response,
+    answer: impl AsyncFnOnce(&Model, &TextFront, Instant) -> Result<Response, ServeError>,
+) -> Response {
+    let arrived = Instant::now();
+    let (model, front) = match shared.text_model(name) {
+        Ok(found) => found,
+        Err(err) => return fail(&err),
+    };
+    let response = answer(model, front, arrived)
+        .await
+        .unwrap_or_else(|err| fail(&err));
+    model
+        .metrics
+        .observe_request(response.status().as_str(), arrived.elapsed().as_secs_f64());
+    response
+}
+
+async fn tei_embed(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let request: EmbedRequest = match parse(&body) {
+        Ok(request) => request,
+        Err(err) => return tei_error(&err),
+    };
+    observed(&shared, None, tei_error, async |model, front, arrived| {
+        let embedded = embed(
+            &shared,
+            model,
+            front,
+            inputs_of(request.inputs),
+            request.truncate,
+            request.normalize,
+            arrived,
+        )
+        .await?;
+        Ok(axum::Json(embedded.rows).into_response())
+    })
+    .await
+}
+
+async fn tei_tokenize(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let request: TokenizeRequest = match parse(&body) {
+        Ok(request) => request,
+        Err(err) => return tei_error(&err),
+    };
+    let texts = match request.inputs {
+        Input::Text(text) => vec![text],
+        Input::Texts(texts) => texts,
+        Input::Ids(_) | Input::IdLists(_) => {
+            return tei_error(&ServeError::bad("`inputs` must be texts to tokenize"));
+        }
+    };
+    let add_special = request.add_special_tokens;
+    observed(&shared, None, tei_error, async |_, front, _| {
+        if texts.len() > front.model.max_client_batch_size {
+            return Err(ServeError::TooLarge {
+                rows: texts.len(),
+                max: front.model.max_client_batch_size,
+            });
+        }
+        let tokenizer = Arc::clone(&front.model.tokenizer);
+        let tokens = tokio::task::spawn_blocking(move || {
+            texts
+                .iter()
+                .map(|text| tokenizer.tokens(text, add_special))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(|error| ServeError::Model(format!("the tokenizer panicked: {error}")))??;
+        Ok(axum::Json(tokens).into_response())
+    })
+    .await
+}
+
+async fn tei_info(State(shared): State<Arc<Shared>>) -> Response {
+    match shared.text_model(None) {
+        Ok((model, front)) => {
+            let config = model.batcher.config();
+            axum::Json(Info {
+                model_id: front.model.model_id.clone(),
+                model_dtype: front.model.dtype.clone(),
+                model_type: json!({ "embedding": { "pooling": front.model.pooling } }),
+                normalized: front.model.normalized,
+                max_concurrent_requests: config.queue_capacity,
+                max_input_length: front.max_length(),
+                max_batch_tokens: config.max_batch_tokens,
+                max_batch_requests: config.max_batch_size,
+                max_client_batch_size: front.model.max_client_batch_size,
+                auto_truncate: front.model.truncate,
+                tokenization_workers: front.model.tokenization_workers,
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            })
+            .into_response()
+        }
+        Err(err) => tei_error(&err),
+    }
+}
+
+async fn health(State(shared): State<Arc<Shared>>) -> Response {
+    if shared.ready.load(Ordering::SeqCst) {
+        StatusCode::OK.into_response()
+    } else {
+        tei_error(&ServeError::ShuttingDown)
+    }
+}
+
+async fn openai_embeddings(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let request: OpenAiRequest = match parse(&body) {
+        Ok(request) => request,
+        Err(err) => return openai_error(&err),
+    };
+    let name = request.model.clone();
+    observed(&shared, Some(&name), openai_error, async |model, front, arrived| {
+        let hidden = model.spec.output.row_shape()[0];
+        if let Some(dimensions) = request.dimensions
+            && dimensions != hidden
+        {
+            return Err(ServeError::bad(format!(
+                "dimensions {dimensions}: this model's embeddings have {hidden}, and it was not \
+                 trained to be cut"
+            )));
+        }
+        let embedded = embed(
+            &shared,
+            model,
+            front,
+            inputs_of(request.input),
+            None,
+            true,
+            arrived,
+        )
+        .await?;
+        let data = embedded
+            .rows
+            .into_iter()
+            .enumerate()
+            .map(|(index, row)| OpenAiEmbedding {
+                object: "embedding".into(),
+                embedding: match request.encoding_format {
+                    EncodingFormat::Float => {
+                        Value::Array(row.iter().map(|&v| Value::from(f64::from(v))).collect())
+                    }
+                    EncodingFormat::Base64 => {
+                        let bytes: Vec<u8> = row.iter().flat_map(|v| v.to_le_bytes()).collect();
+                        Value::from(base64::engine::general_purpose::STANDARD.encode(bytes))
+                    }
+                },
+                index,
+            })
+            .collect();
+        Ok(axum::Json(OpenAiResponse {
+            object: "list".into(),
+            data,
+            model: model.spec.name.clone(),
+            usage: Usage {
+                prompt_tokens: embedded.tokens,
+                total_tokens: embedded.tokens,
+            },
+        })
+        .into_response())
+    })
+    .await
+}
+
+async fn openai_models(State(shared): State<Arc<Shared>>) -> Response {
+    let data: Vec<Value> = shared
+        .text_models
+        .iter()
+        .map(|name| json!({ "id": name, "object": "model", "created": 0, "owned_by": "burn-serve" }))
+        .collect();
+    axum::Json(json!({ "object": "list", "data": data })).into_response()
 }

@@ -13,6 +13,9 @@ pub enum DataType {
     /// 64-bit signed integer (`INT64`): token ids, class indices.
     #[serde(rename = "INT64")]
     Int64,
+    /// Byte strings (`BYTES`): texts, for a model with a tokenizer ([`crate::TextModel`]).
+    #[serde(rename = "BYTES")]
+    Bytes,
 }
 
 impl DataType {
@@ -21,6 +24,7 @@ impl DataType {
         match self {
             Self::Fp32 => "FP32",
             Self::Int64 => "INT64",
+            Self::Bytes => "BYTES",
         }
     }
 }
@@ -32,6 +36,8 @@ pub enum HostData {
     F32(Vec<f32>),
     /// `INT64` elements.
     I64(Vec<i64>),
+    /// `BYTES` elements, each a byte string (UTF-8 text, for a text model).
+    Bytes(Vec<Vec<u8>>),
 }
 
 impl HostData {
@@ -40,6 +46,7 @@ impl HostData {
         match self {
             Self::F32(values) => values.len(),
             Self::I64(values) => values.len(),
+            Self::Bytes(values) => values.len(),
         }
     }
 
@@ -53,6 +60,7 @@ impl HostData {
         match self {
             Self::F32(_) => DataType::Fp32,
             Self::I64(_) => DataType::Int64,
+            Self::Bytes(_) => DataType::Bytes,
         }
     }
 }
@@ -92,6 +100,15 @@ impl HostTensor {
     /// A `[rows, cols]` `FP32` tensor.
     pub fn f32(rows: usize, cols: usize, values: Vec<f32>) -> Result<Self, ServeError> {
         Self::new(vec![rows, cols], HostData::F32(values))
+    }
+
+    /// A `[texts]` `BYTES` tensor: one UTF-8 text per row, as a text model takes them.
+    pub fn texts<S: Into<String>>(texts: impl IntoIterator<Item = S>) -> Self {
+        let values: Vec<Vec<u8>> = texts.into_iter().map(|text| text.into().into_bytes()).collect();
+        Self {
+            shape: vec![values.len()],
+            data: HostData::Bytes(values),
+        }
     }
 
     /// The shape, batch dimension first.
@@ -156,26 +173,19 @@ impl HostTensor {
             return Ok(parts.into_iter().next().expect("one part"));
         }
         let rows = parts.iter().map(HostTensor::rows).sum();
-        let data = match data_type {
-            DataType::Fp32 => HostData::F32(
-                parts
-                    .into_iter()
-                    .flat_map(|part| match part.data {
-                        HostData::F32(values) => values,
-                        HostData::I64(_) => unreachable!("checked above"),
-                    })
-                    .collect(),
-            ),
-            DataType::Int64 => HostData::I64(
-                parts
-                    .into_iter()
-                    .flat_map(|part| match part.data {
-                        HostData::I64(values) => values,
-                        HostData::F32(_) => unreachable!("checked above"),
-                    })
-                    .collect(),
-            ),
+        let mut data = match data_type {
+            DataType::Fp32 => HostData::F32(Vec::new()),
+            DataType::Int64 => HostData::I64(Vec::new()),
+            DataType::Bytes => HostData::Bytes(Vec::new()),
         };
+        for part in parts {
+            match (&mut data, part.data) {
+                (HostData::F32(all), HostData::F32(values)) => all.extend(values),
+                (HostData::I64(all), HostData::I64(values)) => all.extend(values),
+                (HostData::Bytes(all), HostData::Bytes(values)) => all.extend(values),
+                _ => unreachable!("checked above"),
+            }
+        }
         let mut shape = vec![rows];
         shape.extend(row_shape);
         Self::new(shape, data)
@@ -219,6 +229,10 @@ impl HostTensor {
             HostData::I64(values) => cut(values, sizes, row_len)
                 .into_iter()
                 .map(HostData::I64)
+                .collect(),
+            HostData::Bytes(values) => cut(values, sizes, row_len)
+                .into_iter()
+                .map(HostData::Bytes)
                 .collect(),
         };
         Ok(sizes

@@ -17,6 +17,7 @@ fn config(max_batch_size: usize, delay_ms: u64, queue_capacity: usize) -> Batche
         max_batch_size,
         max_queue_delay: Duration::from_millis(delay_ms),
         queue_capacity,
+        max_batch_tokens: None,
     }
 }
 

@@ -66,6 +66,7 @@ fn start(max_body_bytes: usize) -> Fixture {
         max_batch_size: 8,
         max_queue_delay: Duration::from_millis(2),
         queue_capacity: 64,
+        max_batch_tokens: None,
     };
     server
         .add_model(

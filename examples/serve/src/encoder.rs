@@ -1,5 +1,6 @@
-//! all-MiniLM-L6-v2, or a compressed copy of it, served as an embedding model: token ids in,
-//! unit-length mean-pooled sentence embeddings out, as sentence-transformers computes them.
+//! A BERT-family sentence encoder (all-MiniLM-L6-v2, any directory `load_hf` reads, or a
+//! compressed copy), served as an embedding model: token ids or texts in, sentence embeddings
+//! out, pooled and normalized as the directory's sentence-transformers files say.
 //!
 //! # The rows
 //!
@@ -13,6 +14,9 @@
 //! what its real tokens cost, whatever `max_length` is and however mixed its lengths. Padding
 //! changes nothing else, as padded keys are masked out of attention and padded states out of
 //! the mean.
+//!
+//! Texts are tokenized by the server ([`ServedTokenizer`], burn-serve's `TextModel`): the
+//! same rows, made from a `BYTES` input or the embedding endpoints' texts.
 //!
 //! A row of padding alone (no token) gets the zero vector, as sentence-transformers' pooling
 //! gives. An id outside the vocabulary fails its own request with a 400 naming it: the
@@ -29,8 +33,11 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use burn_fast_cpu::FastFlex;
 use burn_memory::offload::{OffloadConfig, OffloadManager, OffloadSelection, OffloadedModel};
 use burn_memory::{DeviceMemory, Layers};
-use burn_pretrained::{BertConfig, BertEncoder, EncoderInput, Tokenizer, mean_pool, normalize};
-use burn_serve::{DataType, HostData, HostTensor, ModelSpec, Servable, ServeError, TensorSpec};
+use burn_pretrained::{BertConfig, BertEncoder, EncoderInput, Pooling, Tokenizer};
+use burn_serve::{
+    CountTokens, DataType, Encoded, HostData, HostTensor, ModelSpec, Servable, ServeError,
+    TensorSpec, Token, Tokenize,
+};
 use burn_sketch::SketchBackend;
 use burn_store::{BurnpackStore, ModuleSnapshot, SafetensorsStore};
 
@@ -190,9 +197,11 @@ enum Weights {
     Offloaded(Box<OffloadedModel<FastFlex, LayeredEncoder<FastFlex>>>),
 }
 
-/// One replica of the served encoder: a batch of id rows to its embeddings.
+/// One replica of the served encoder: a batch of id rows to its embeddings, pooled as the
+/// model directory says.
 pub struct EncoderReplica {
     weights: Weights,
+    pooling: Pooling,
     device: Device<FastFlex>,
     vocab: usize,
     hidden: usize,
@@ -212,11 +221,12 @@ impl std::fmt::Debug for EncoderReplica {
 impl EncoderReplica {
     /// `workers` replicas of `encoder`, whose weights they share (a clone of a Burn module
     /// shares its tensors).
-    pub fn resident(encoder: BertEncoder<FastFlex>, workers: usize) -> Vec<Self> {
+    pub fn resident(encoder: BertEncoder<FastFlex>, pooling: Pooling, workers: usize) -> Vec<Self> {
         let (vocab, hidden) = (encoder.vocab_size(), encoder.hidden_size());
         (0..workers.max(1))
             .map(|_| Self {
                 weights: Weights::Resident(Box::new(encoder.clone())),
+                pooling,
                 device: Default::default(),
                 vocab,
                 hidden,
@@ -233,6 +243,7 @@ impl EncoderReplica {
     /// `int8` layers are not offloaded.
     pub fn offloaded(
         encoder: BertEncoder<FastFlex>,
+        pooling: Pooling,
         config: &BertConfig,
         dir: &Path,
         budget: u64,
@@ -258,6 +269,7 @@ impl EncoderReplica {
             .map_err(|wrap| wrap.error)?;
         Ok(Self {
             weights: Weights::Offloaded(Box::new(model)),
+            pooling,
             device,
             vocab,
             hidden,
@@ -325,7 +337,9 @@ impl EncoderReplica {
                 .1
                 .ok_or_else(|| ServeError::Model("the encoder has no layer".into()))?,
         };
-        let mut values = normalize(mean_pool(hidden, input.mask_pad))
+        let mut values = self
+            .pooling
+            .apply(hidden, input.mask_pad)
             .into_data()
             .convert::<f32>()
             .into_vec::<f32>()
@@ -406,8 +420,78 @@ impl Servable for EncoderReplica {
         }))
     }
 
+    fn token_count(&self) -> Option<CountTokens> {
+        // A batch costs its real tokens: the replica cuts padding away (`length_groups`).
+        Some(std::sync::Arc::new(|input: &HostTensor| match input.data() {
+            HostData::I64(ids) => row_lengths(ids, input.row_len().max(1)).iter().sum(),
+            other => other.len(),
+        }))
+    }
+
     fn memory_in_use(&self) -> Option<u64> {
         self.in_use
+    }
+}
+
+/// The model directory's tokenizer as the server runs it ([`Tokenize`]): ids cut at the
+/// model's length as `SentenceEncoder` cuts them, and `/tokenize`'s tokens uncut.
+#[derive(Debug)]
+pub struct ServedTokenizer {
+    cut: Tokenizer,
+    uncut: tokenizers::Tokenizer,
+}
+
+impl ServedTokenizer {
+    /// Serves `tokenizer` (which cuts at its `max_length`).
+    pub fn new(tokenizer: Tokenizer) -> anyhow::Result<Self> {
+        let mut uncut = tokenizer.inner().clone();
+        uncut
+            .with_truncation(None)
+            .map_err(|error| anyhow::anyhow!("{error}"))?;
+        uncut.with_padding(None);
+        Ok(Self {
+            cut: tokenizer,
+            uncut,
+        })
+    }
+}
+
+impl Tokenize for ServedTokenizer {
+    fn encode(&self, text: &str) -> Result<Encoded, ServeError> {
+        let encoding = self
+            .cut
+            .inner()
+            .encode(text, true)
+            .map_err(|error| ServeError::BadRequest(format!("cannot tokenize: {error}")))?;
+        Ok(Encoded {
+            ids: encoding.get_ids().iter().map(|&id| i64::from(id)).collect(),
+            truncated: !encoding.get_overflowing().is_empty(),
+        })
+    }
+
+    fn tokens(&self, text: &str, add_special_tokens: bool) -> Result<Vec<Token>, ServeError> {
+        let encoding = self
+            .uncut
+            .encode(text, add_special_tokens)
+            .map_err(|error| ServeError::BadRequest(format!("cannot tokenize: {error}")))?;
+        Ok(encoding
+            .get_ids()
+            .iter()
+            .zip(encoding.get_tokens())
+            .zip(encoding.get_special_tokens_mask())
+            .zip(encoding.get_offsets())
+            .map(|(((&id, token), &special), &(start, stop))| Token {
+                id: i64::from(id),
+                text: token.clone(),
+                special: special == 1,
+                start: (special == 0).then_some(start),
+                stop: (special == 0).then_some(stop),
+            })
+            .collect())
+    }
+
+    fn max_length(&self) -> usize {
+        self.cut.max_length()
     }
 }
 
