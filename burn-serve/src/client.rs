@@ -40,6 +40,7 @@ impl Answer {
 pub struct Client {
     addr: SocketAddr,
     sender: http1::SendRequest<Full<Bytes>>,
+    api_key: Option<String>,
 }
 
 impl Client {
@@ -59,7 +60,20 @@ impl Client {
                 tracing::debug!("connection closed: {error}");
             }
         });
-        Ok(Self { addr, sender })
+        Ok(Self {
+            addr,
+            sender,
+            api_key: None,
+        })
+    }
+
+    /// The same connection sending `key` as `Authorization: Bearer KEY` with every request
+    /// (a server with [`crate::ServerConfig::api_key`] wants it).
+    pub fn with_api_key(self, key: impl Into<String>) -> Self {
+        Self {
+            api_key: Some(key.into()),
+            ..self
+        }
     }
 
     /// Sends `method path` with `body` and returns the answer; reconnects first when the server
@@ -82,12 +96,17 @@ impl Client {
         header_length: Option<usize>,
     ) -> Result<Answer, ServeError> {
         if self.sender.is_closed() || self.sender.ready().await.is_err() {
+            let api_key = self.api_key.take();
             *self = Self::connect(self.addr).await?;
+            self.api_key = api_key;
         }
         let mut request = Request::builder()
             .method(method)
             .uri(path)
             .header(hyper::header::HOST, self.addr.to_string());
+        if let Some(key) = &self.api_key {
+            request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+        }
         request = match header_length {
             Some(length) => request
                 .header(hyper::header::CONTENT_TYPE, "application/octet-stream")

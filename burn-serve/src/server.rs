@@ -585,7 +585,13 @@ async fn run(
             let HostData::Bytes(texts) = tensor.into_data() else {
                 unreachable!("a BYTES tensor")
             };
-            let ids = front.ids(Inputs::Texts(texts), None).await?;
+            // `parameters.truncate` as TEI's `truncate`, else the server's default.
+            let truncate = request
+                .parameters
+                .as_ref()
+                .and_then(|p| p.get("truncate"))
+                .and_then(Value::as_bool);
+            let ids = front.ids(Inputs::Texts(texts), truncate).await?;
             let tickets = front.submit(&model.batcher, &ids, deadline)?;
             HostTensor::concat(wait_all(tickets, deadline, arrived).await?)?
         }

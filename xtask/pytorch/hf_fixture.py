@@ -224,6 +224,20 @@ def main():
 
     with open(os.path.join(OUT, "expected.json"), "w") as f:
         json.dump(expected, f, ensure_ascii=False, separators=(",", ":"))
+    # sentence-transformers' pipeline files for the embeddings above: mean pooling, then unit
+    # length (what `Pooling::from_dir` reads).
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    with open(os.path.join(OUT, "modules.json"), "w") as f:
+        json.dump(modules, f, indent=2)
+    os.makedirs(os.path.join(OUT, "1_Pooling"), exist_ok=True)
+    with open(os.path.join(OUT, "1_Pooling", "config.json"), "w") as f:
+        json.dump({"word_embedding_dimension": config.hidden_size, "pooling_mode_cls_token": False,
+                   "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+                   "pooling_mode_mean_sqrt_len_tokens": False}, f, indent=2)
         f.write("\n")
 
     sizes = {name: os.path.getsize(os.path.join(OUT, name)) for name in sorted(os.listdir(OUT))}

@@ -11,4 +11,5 @@ mod distil;
 mod errors;
 mod load;
 mod padding;
+mod pooling;
 mod tokenize;

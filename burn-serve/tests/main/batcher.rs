@@ -24,7 +24,7 @@ fn config(max_batch_size: usize, delay_ms: u64, queue_capacity: usize) -> Batche
 fn values(tensor: &HostTensor) -> &[f32] {
     match tensor.data() {
         HostData::F32(values) => values,
-        HostData::I64(_) => panic!("FP32 output"),
+        _ => panic!("FP32 output"),
     }
 }
 

@@ -141,7 +141,7 @@ fn output_values(response: &Value) -> Vec<f32> {
     let response: InferResponse = serde_json::from_value(response.clone()).unwrap();
     match response.outputs[0].to_host().unwrap().into_data() {
         HostData::F32(values) => values,
-        HostData::I64(_) => panic!("FP32 output"),
+        _ => panic!("FP32 output"),
     }
 }
 

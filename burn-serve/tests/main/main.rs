@@ -4,3 +4,4 @@ mod batcher;
 mod common;
 mod http;
 mod protocol;
+mod text;

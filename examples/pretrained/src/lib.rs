@@ -124,7 +124,7 @@ pub fn load_form(dir: &Path, form: Form) -> anyhow::Result<SentenceEncoder<FastF
     let model = load_hf::<FastFlex>(dir, &device)
         .with_context(|| format!("loading the model in {}", dir.display()))?;
     let encoder = into_form(model.encoder, form)?;
-    Ok(SentenceEncoder::new(encoder, model.tokenizer, device))
+    Ok(SentenceEncoder::new(encoder, model.tokenizer, device).with_pooling(model.pooling))
 }
 
 /// An encoder (dense, or already converted) turned into `form`.
