@@ -97,12 +97,11 @@ impl Pooling {
     pub fn from_dir(dir: impl AsRef<std::path::Path>) -> Result<Self, crate::PretrainedError> {
         let dir = dir.as_ref();
         let read = |path: std::path::PathBuf| -> Result<serde_json::Value, crate::PretrainedError> {
-            let text = std::fs::read_to_string(&path).map_err(|source| {
-                crate::PretrainedError::Io {
+            let text =
+                std::fs::read_to_string(&path).map_err(|source| crate::PretrainedError::Io {
                     path: path.clone(),
                     source,
-                }
-            })?;
+                })?;
             serde_json::from_str(&text).map_err(|err| crate::PretrainedError::Config {
                 path: path.clone(),
                 reason: err.to_string(),
@@ -122,7 +121,10 @@ impl Pooling {
                 normalize,
             });
         };
-        let config = read(dir.join(pooling["path"].as_str().unwrap_or("1_Pooling")).join("config.json"))?;
+        let config = read(
+            dir.join(pooling["path"].as_str().unwrap_or("1_Pooling"))
+                .join("config.json"),
+        )?;
         let on = |key: &str| config[key].as_bool().unwrap_or(false);
         let modes: Vec<PoolingMode> = [
             ("pooling_mode_mean_tokens", PoolingMode::Mean),
@@ -173,11 +175,16 @@ impl Pooling {
         let [batch, seq, width] = hidden.dims();
         let pooled = match self.mode {
             PoolingMode::Mean => mean_pool(hidden, mask_pad),
-            PoolingMode::Cls => hidden.slice([0..batch, 0..1, 0..width]).reshape([batch, width]),
+            PoolingMode::Cls => hidden
+                .slice([0..batch, 0..1, 0..width])
+                .reshape([batch, width]),
             PoolingMode::Max => {
                 let hidden = match mask_pad {
                     // sentence-transformers sets padding to -1e9 before the maximum.
-                    Some(pad) => hidden.mask_fill(pad.reshape([batch, seq, 1]).expand([batch, seq, width]), -1e9),
+                    Some(pad) => hidden.mask_fill(
+                        pad.reshape([batch, seq, 1]).expand([batch, seq, width]),
+                        -1e9,
+                    ),
                     None => hidden,
                 };
                 hidden.max_dim(1).reshape([batch, width])

@@ -228,7 +228,10 @@ impl Batcher {
         if let Some(budget) = self.shared.config.max_batch_tokens
             && tokens > budget
         {
-            return Err(ServeError::TooManyTokens { tokens, max: budget });
+            return Err(ServeError::TooManyTokens {
+                tokens,
+                max: budget,
+            });
         }
         let (reply, answer) = oneshot::channel();
         let mut queue = self.shared.lock();

@@ -29,9 +29,7 @@ pub enum ServeError {
         max: usize,
     },
     /// A text is longer than the model takes, and the request asked not to truncate it.
-    #[error(
-        "input {index} has more than {max} tokens; send `truncate: true` to cut it to {max}"
-    )]
+    #[error("input {index} has more than {max} tokens; send `truncate: true` to cut it to {max}")]
     InputTooLong {
         /// The text's place in the request.
         index: usize,

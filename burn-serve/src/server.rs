@@ -337,7 +337,10 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/embeddings", post(openai_embeddings))
         .route("/v1/models", get(openai_models))
         .fallback(|| async { error(&ServeError::bad("no such endpoint"), StatusCode::NOT_FOUND) })
-        .layer(middleware::from_fn_with_state(Arc::clone(&shared), authorize))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            authorize,
+        ))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(shared)
 }
@@ -737,7 +740,8 @@ fn inputs_of(input: Input) -> Inputs {
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ServeError> {
-    serde_json::from_slice(body).map_err(|error| ServeError::bad(format!("malformed request: {error}")))
+    serde_json::from_slice(body)
+        .map_err(|error| ServeError::bad(format!("malformed request: {error}")))
 }
 
 /// Embeds `inputs` on `model`: tokenized, batched with everything else the model serves, and
@@ -751,7 +755,10 @@ async fn embed(
     normalize: bool,
     arrived: Instant,
 ) -> Result<Embedded, ServeError> {
-    let deadline = shared.config.request_timeout.map(|timeout| arrived + timeout);
+    let deadline = shared
+        .config
+        .request_timeout
+        .map(|timeout| arrived + timeout);
     let ids = front.ids(inputs, truncate).await?;
     let tickets = front.submit(&model.batcher, &ids, deadline)?;
     let outputs = wait_all(tickets, deadline, arrived).await?;
@@ -929,7 +936,9 @@ async fn openai_models(State(shared): State<Arc<Shared>>) -> Response {
     let data: Vec<Value> = shared
         .text_models
         .iter()
-        .map(|name| json!({ "id": name, "object": "model", "created": 0, "owned_by": "burn-serve" }))
+        .map(
+            |name| json!({ "id": name, "object": "model", "created": 0, "owned_by": "burn-serve" }),
+        )
         .collect();
     axum::Json(json!({ "object": "list", "data": data })).into_response()
 }

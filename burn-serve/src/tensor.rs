@@ -104,7 +104,10 @@ impl HostTensor {
 
     /// A `[texts]` `BYTES` tensor: one UTF-8 text per row, as a text model takes them.
     pub fn texts<S: Into<String>>(texts: impl IntoIterator<Item = S>) -> Self {
-        let values: Vec<Vec<u8>> = texts.into_iter().map(|text| text.into().into_bytes()).collect();
+        let values: Vec<Vec<u8>> = texts
+            .into_iter()
+            .map(|text| text.into().into_bytes())
+            .collect();
         Self {
             shape: vec![values.len()],
             data: HostData::Bytes(values),

@@ -243,7 +243,9 @@ impl TextFront {
                 .max_batch_tokens
                 .is_some_and(|budget| part_tokens + tokens > budget);
             if !part.is_empty() && (part.len() == config.max_batch_size || over) {
-                tickets.push(batcher.submit(HostTensor::concat(std::mem::take(&mut part))?, deadline)?);
+                tickets.push(
+                    batcher.submit(HostTensor::concat(std::mem::take(&mut part))?, deadline)?,
+                );
                 part_tokens = 0;
             }
             part_tokens += tokens;
@@ -263,12 +265,17 @@ impl TextFront {
 }
 
 /// The answers' rows, in order, each `[hidden]`; unit-length when `normalize`.
-pub(crate) fn rows_of(outputs: Vec<HostTensor>, normalize: bool) -> Result<Vec<Vec<f32>>, ServeError> {
+pub(crate) fn rows_of(
+    outputs: Vec<HostTensor>,
+    normalize: bool,
+) -> Result<Vec<Vec<f32>>, ServeError> {
     let mut rows = Vec::new();
     for output in outputs {
         let width = output.row_len();
         let HostData::F32(values) = output.into_data() else {
-            return Err(ServeError::Model("the embedding model answered non-FP32 rows".into()));
+            return Err(ServeError::Model(
+                "the embedding model answered non-FP32 rows".into(),
+            ));
         };
         for chunk in values.chunks(width.max(1)) {
             let mut row = chunk.to_vec();

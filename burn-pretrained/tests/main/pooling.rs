@@ -11,7 +11,10 @@ use crate::common::fixture_dir;
 /// A directory holding `modules` (none: no `modules.json`) and `pooling` as
 /// `1_Pooling/config.json`.
 fn dir_with(name: &str, modules: Option<&str>, pooling: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("burn-pretrained-pooling-{name}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "burn-pretrained-pooling-{name}-{}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(dir.join("1_Pooling")).unwrap();
     let _ = std::fs::remove_file(dir.join("modules.json"));
     if let Some(modules) = modules {
@@ -41,14 +44,21 @@ fn config(mode: &str) -> String {
 
 #[test]
 fn the_directory_names_its_pooling() {
-    let read = |name, modules, mode: &str| Pooling::from_dir(dir_with(name, modules, &config(mode)));
+    let read =
+        |name, modules, mode: &str| Pooling::from_dir(dir_with(name, modules, &config(mode)));
     assert_eq!(
         read("cls", Some(NORMALIZED), "cls").unwrap(),
-        Pooling { mode: PoolingMode::Cls, normalize: true }
+        Pooling {
+            mode: PoolingMode::Cls,
+            normalize: true
+        }
     );
     assert_eq!(
         read("max", Some(POOLING_ONLY), "max").unwrap(),
-        Pooling { mode: PoolingMode::Max, normalize: false }
+        Pooling {
+            mode: PoolingMode::Max,
+            normalize: false
+        }
     );
     // No modules.json: sentence-transformers' default for a plain model.
     assert_eq!(read("plain", None, "cls").unwrap(), Pooling::default());
@@ -57,7 +67,10 @@ fn the_directory_names_its_pooling() {
     assert!(matches!(&err, PretrainedError::Config { .. }), "{err}");
     assert!(err.to_string().contains("mean_sqrt_len"), "{err}");
     // The fixture's files: mean, then unit length; load_hf reads them.
-    assert_eq!(Pooling::from_dir(fixture_dir()).unwrap(), Pooling::MEAN_NORMALIZED);
+    assert_eq!(
+        Pooling::from_dir(fixture_dir()).unwrap(),
+        Pooling::MEAN_NORMALIZED
+    );
     let model = load_hf::<Flex>(fixture_dir(), &Default::default()).unwrap();
     assert_eq!(model.pooling, Pooling::MEAN_NORMALIZED);
 }
@@ -69,7 +82,9 @@ fn each_mode_pools_real_tokens_only() {
     // values that would win a maximum or move a mean.
     let hidden = Tensor::<Flex, 3>::from_data(
         TensorData::new(
-            vec![1.0f32, -2.0, 3.0, 4.0, -5.0, 0.5, /**/ 2.0, 2.0, -1.0, 6.0, 100.0, 100.0],
+            vec![
+                1.0f32, -2.0, 3.0, 4.0, -5.0, 0.5, /**/ 2.0, 2.0, -1.0, 6.0, 100.0, 100.0,
+            ],
             [2, 3, 2],
         ),
         &device,
@@ -86,12 +101,21 @@ fn each_mode_pools_real_tokens_only() {
             .unwrap()
     };
     let close = |got: Vec<f32>, want: [f32; 4]| {
-        assert!(got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-6), "{got:?} against {want:?}")
+        assert!(
+            got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-6),
+            "{got:?} against {want:?}"
+        )
     };
-    close(pool(PoolingMode::Mean, false), [-1.0 / 3.0, 2.5 / 3.0, 0.5, 4.0]);
+    close(
+        pool(PoolingMode::Mean, false),
+        [-1.0 / 3.0, 2.5 / 3.0, 0.5, 4.0],
+    );
     close(pool(PoolingMode::Cls, false), [1.0, -2.0, 2.0, 2.0]);
     close(pool(PoolingMode::Max, false), [3.0, 4.0, 2.0, 6.0]);
     let n = (2.0f32 * 2.0 + 2.0 * 2.0).sqrt();
     let m = (1.0f32 + 4.0).sqrt();
-    close(pool(PoolingMode::Cls, true), [1.0 / m, -2.0 / m, 2.0 / n, 2.0 / n]);
+    close(
+        pool(PoolingMode::Cls, true),
+        [1.0 / m, -2.0 / m, 2.0 / n, 2.0 / n],
+    );
 }

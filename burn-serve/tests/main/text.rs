@@ -85,7 +85,10 @@ struct Bag {
 }
 
 fn real(row: &[i64]) -> &[i64] {
-    &row[..row.iter().rposition(|&id| id != 0).map_or(0, |last| last + 1)]
+    &row[..row
+        .iter()
+        .rposition(|&id| id != 0)
+        .map_or(0, |last| last + 1)]
 }
 
 fn bag(ids: &[i64]) -> Vec<f32> {
@@ -113,7 +116,9 @@ impl Servable for Bag {
     fn validator(&self) -> Option<Validate> {
         Some(Arc::new(|input: &HostTensor| match input.data() {
             HostData::I64(ids) => match ids.iter().find(|&&id| !(0..VOCAB).contains(&id)) {
-                Some(id) => Err(ServeError::BadRequest(format!("id {id} is outside the vocabulary"))),
+                Some(id) => Err(ServeError::BadRequest(format!(
+                    "id {id} is outside the vocabulary"
+                ))),
                 None => Ok(()),
             },
             _ => Err(ServeError::BadRequest("INT64 ids".into())),
@@ -209,7 +214,11 @@ fn floats(value: &Value) -> Vec<f32> {
 }
 
 fn close(got: &[f32], want: &[f32]) -> bool {
-    got.len() == want.len() && got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 1e-6 * (1.0 + w.abs()))
+    got.len() == want.len()
+        && got
+            .iter()
+            .zip(want)
+            .all(|(g, w)| (g - w).abs() <= 1e-6 * (1.0 + w.abs()))
 }
 
 const TEXTS: [&str; 4] = ["a cat", "", "the quick brown fox", "Ωμέγα naïve"];
@@ -222,11 +231,18 @@ fn text_and_ids_give_the_same_embeddings_on_every_endpoint() {
         let mut client = Client::connect(addr).await.unwrap();
         // TEI, normalized (the default) and not.
         for normalize in [true, false] {
-            let (status, body) =
-                post(&mut client, "/embed", json!({"inputs": TEXTS, "normalize": normalize})).await;
+            let (status, body) = post(
+                &mut client,
+                "/embed",
+                json!({"inputs": TEXTS, "normalize": normalize}),
+            )
+            .await;
             assert_eq!(status, 200, "{body}");
             for (text, row) in TEXTS.iter().zip(body.as_array().unwrap()) {
-                assert!(close(&floats(row), &expected(text, normalize)), "{text}: {row}");
+                assert!(
+                    close(&floats(row), &expected(text, normalize)),
+                    "{text}: {row}"
+                );
             }
         }
         // One text, not a list.
@@ -244,9 +260,16 @@ fn text_and_ids_give_the_same_embeddings_on_every_endpoint() {
             assert_eq!(status, 200, "{body}");
             assert_eq!(body["object"], "list");
             assert_eq!(body["model"], "bag");
-            let tokens: usize = TEXTS.iter().map(|t| Words.encode(t).unwrap().ids.len()).sum();
+            let tokens: usize = TEXTS
+                .iter()
+                .map(|t| Words.encode(t).unwrap().ids.len())
+                .sum();
             assert_eq!(body["usage"]["prompt_tokens"], tokens);
-            for (i, (text, item)) in TEXTS.iter().zip(body["data"].as_array().unwrap()).enumerate() {
+            for (i, (text, item)) in TEXTS
+                .iter()
+                .zip(body["data"].as_array().unwrap())
+                .enumerate()
+            {
                 assert_eq!(item["index"], i);
                 let row = match format {
                     "float" => floats(&item["embedding"]),
@@ -262,10 +285,17 @@ fn text_and_ids_give_the_same_embeddings_on_every_endpoint() {
         }
         // OpenAI's token-id inputs embed as the same ids would.
         let ids = Words.encode("a cat").unwrap().ids;
-        let (status, body) =
-            post(&mut client, "/v1/embeddings", json!({"input": [ids], "model": "bag"})).await;
+        let (status, body) = post(
+            &mut client,
+            "/v1/embeddings",
+            json!({"input": [ids], "model": "bag"}),
+        )
+        .await;
         assert_eq!(status, 200, "{body}");
-        assert!(close(&floats(&body["data"][0]["embedding"]), &expected("a cat", true)));
+        assert!(close(
+            &floats(&body["data"][0]["embedding"]),
+            &expected("a cat", true)
+        ));
         // The Open Inference Protocol: BYTES as JSON strings, BYTES as binary data, and ids;
         // the model's own output (not normalized).
         let texts = HostTensor::texts(TEXTS);
@@ -298,7 +328,10 @@ fn text_and_ids_give_the_same_embeddings_on_every_endpoint() {
         // Metadata lists both inputs.
         let answer = client.get("/v2/models/bag").await.unwrap();
         let metadata: Value = serde_json::from_slice(&answer.body).unwrap();
-        assert_eq!(metadata["inputs"][1], json!({"name": "text", "datatype": "BYTES", "shape": [-1]}));
+        assert_eq!(
+            metadata["inputs"][1],
+            json!({"name": "text", "datatype": "BYTES", "shape": [-1]})
+        );
     });
     fixture.server.shutdown().unwrap();
 }
@@ -316,9 +349,16 @@ fn truncation_at_the_limit_and_by_choice() {
         let (status, body) = post(&mut client, "/embed", json!({"inputs": ["a", over]})).await;
         assert_eq!(status, 413, "{body}");
         assert_eq!(body["error_type"], "validation");
-        assert!(body["error"].as_str().unwrap().contains("input 1"), "{body}");
-        let (status, body) =
-            post(&mut client, "/embed", json!({"inputs": [over], "truncate": true})).await;
+        assert!(
+            body["error"].as_str().unwrap().contains("input 1"),
+            "{body}"
+        );
+        let (status, body) = post(
+            &mut client,
+            "/embed",
+            json!({"inputs": [over], "truncate": true}),
+        )
+        .await;
         assert_eq!(status, 200, "{body}");
         // Cut to the first four words, `[SEP]` kept: the limit's own embedding.
         assert!(close(&floats(&body[0]), &expected(at_limit, true)));
@@ -347,11 +387,14 @@ fn truncation_at_the_limit_and_by_choice() {
         let (status, body) = post(&mut client, "/embed", json!({"inputs": [over]})).await;
         assert_eq!(status, 200, "{body}");
         assert!(close(&floats(&body[0]), &expected(at_limit, true)));
-        let (status, _) =
-            post(&mut client, "/embed", json!({"inputs": [over], "truncate": false})).await;
+        let (status, _) = post(
+            &mut client,
+            "/embed",
+            json!({"inputs": [over], "truncate": false}),
+        )
+        .await;
         assert_eq!(status, 413);
-        let info: Value =
-            serde_json::from_slice(&client.get("/info").await.unwrap().body).unwrap();
+        let info: Value = serde_json::from_slice(&client.get("/info").await.unwrap().body).unwrap();
         assert_eq!(info["auto_truncate"], true);
         assert_eq!(info["max_input_length"], MAX);
         assert_eq!(info["max_batch_tokens"], BUDGET);
@@ -388,7 +431,11 @@ fn bad_inputs_fail_with_their_own_status() {
             .await
             .unwrap();
         assert_eq!(answer.status, 400);
-        assert!(answer.error().unwrap().contains("not UTF-8"), "{:?}", answer.error());
+        assert!(
+            answer.error().unwrap().contains("not UTF-8"),
+            "{:?}",
+            answer.error()
+        );
         // A BYTES element cut short.
         let header = json!({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
             "parameters": {"binary_data_size": 6}}]});
@@ -441,8 +488,12 @@ fn the_api_key_guards_every_endpoint_but_health() {
             let (status, body) = post(client, "/embed", json!({"inputs": "a"})).await;
             assert_eq!(status, 401);
             assert_eq!(body["error_type"], "unauthorized");
-            let (status, body) =
-                post(client, "/v1/embeddings", json!({"input": "a", "model": "bag"})).await;
+            let (status, body) = post(
+                client,
+                "/v1/embeddings",
+                json!({"input": "a", "model": "bag"}),
+            )
+            .await;
             assert_eq!(status, 401);
             assert_eq!(body["error"]["type"], "authentication_error");
             assert_eq!(client.get("/v2/models/bag").await.unwrap().status, 401);
@@ -453,7 +504,8 @@ fn the_api_key_guards_every_endpoint_but_health() {
         let (status, _) = post(&mut right, "/embed", json!({"inputs": "a"})).await;
         assert_eq!(status, 200);
         assert_eq!(right.get("/v2/models/bag").await.unwrap().status, 200);
-        let models: Value = serde_json::from_slice(&right.get("/v1/models").await.unwrap().body).unwrap();
+        let models: Value =
+            serde_json::from_slice(&right.get("/v1/models").await.unwrap().body).unwrap();
         assert_eq!(models["data"][0]["id"], "bag");
     });
     fixture.server.shutdown().unwrap();
@@ -464,13 +516,20 @@ fn tokenize_answers_each_token_with_its_bytes() {
     let fixture = start(None, false);
     runtime().block_on(async {
         let mut client = Client::connect(fixture.server.addr()).await.unwrap();
-        let (status, body) =
-            post(&mut client, "/tokenize", json!({"inputs": ["a  naïve cat"]})).await;
+        let (status, body) = post(
+            &mut client,
+            "/tokenize",
+            json!({"inputs": ["a  naïve cat"]}),
+        )
+        .await;
         assert_eq!(status, 200, "{body}");
         let tokens: Vec<Token> = serde_json::from_value(body[0].clone()).unwrap();
         assert_eq!(tokens.len(), 5);
         assert!(tokens[0].special && tokens[4].special);
-        assert_eq!((tokens[2].text.as_str(), tokens[2].start, tokens[2].stop), ("naïve", Some(3), Some(9)));
+        assert_eq!(
+            (tokens[2].text.as_str(), tokens[2].start, tokens[2].stop),
+            ("naïve", Some(3), Some(9))
+        );
         let (_, body) = post(
             &mut client,
             "/tokenize",
@@ -488,7 +547,12 @@ fn many_texts_batch_within_rows_and_tokens_and_bad_ids_fail_alone() {
     let fixture = start(None, false);
     let addr: SocketAddr = fixture.server.addr();
     let texts: Vec<String> = (0..100)
-        .map(|i| (0..(i % 5)).map(|w| format!("w{i}x{w}")).collect::<Vec<_>>().join(" "))
+        .map(|i| {
+            (0..(i % 5))
+                .map(|w| format!("w{i}x{w}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
         .collect();
     runtime().block_on(async {
         // One request of 100 texts, and beside it users sending good texts and bad ids.
@@ -496,7 +560,12 @@ fn many_texts_batch_within_rows_and_tokens_and_bad_ids_fail_alone() {
             let texts = texts.clone();
             tokio::spawn(async move {
                 let mut client = Client::connect(addr).await.unwrap();
-                post(&mut client, "/embed", json!({"inputs": texts, "normalize": false})).await
+                post(
+                    &mut client,
+                    "/embed",
+                    json!({"inputs": texts, "normalize": false}),
+                )
+                .await
             })
         };
         let users: Vec<_> = (0..12)
@@ -521,7 +590,12 @@ fn many_texts_batch_within_rows_and_tokens_and_bad_ids_fail_alone() {
             let (i, (status, body)) = user.await.unwrap();
             if i % 4 == 3 {
                 assert_eq!(status, 400, "{body}");
-                assert!(body["error"]["message"].as_str().unwrap().contains("vocabulary"));
+                assert!(
+                    body["error"]["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("vocabulary")
+                );
             } else {
                 assert_eq!(status, 200, "user {i}: {body}");
                 let want = expected(&format!("user {i}"), true);
@@ -531,6 +605,11 @@ fn many_texts_batch_within_rows_and_tokens_and_bad_ids_fail_alone() {
     });
     let batches = fixture.batches.lock().unwrap().clone();
     assert!(batches.len() >= 100 * 3 / BUDGET, "{batches:?}");
-    assert!(batches.iter().all(|&(rows, tokens)| rows <= 8 && tokens <= BUDGET), "{batches:?}");
+    assert!(
+        batches
+            .iter()
+            .all(|&(rows, tokens)| rows <= 8 && tokens <= BUDGET),
+        "{batches:?}"
+    );
     fixture.server.shutdown().unwrap();
 }

@@ -525,6 +525,7 @@ fn bench(args: &Args) -> anyhow::Result<()> {
         requests: args.requests,
         seconds: args.seconds,
         warmup: 200,
+        path: None,
     };
     // One batch's compute, measured directly: the median of 50 forwards of a full batch.
     let rows = args.max_batch_size.min(target.inputs.len());
@@ -761,6 +762,7 @@ fn main() -> anyhow::Result<()> {
             requests: args.requests,
             seconds: args.seconds,
             warmup: 200,
+            path: None,
         };
         let levels = loadgen::run(addr, &config, payloads, &args.concurrency, |_| {})?;
         println!(

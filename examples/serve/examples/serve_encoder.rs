@@ -55,10 +55,10 @@ use clap::Parser;
 use examples::stats::{mb, median_seconds};
 use examples_pretrained::{Form, into_form, model_dir, sentences};
 use examples_serve::encoder::{
-    ENCODER_INPUT, ENCODER_MODEL, EncoderReplica, ServedTokenizer, checkpoint_file,
-    encoder_spec, id_rows, load_encoder,
+    ENCODER_INPUT, ENCODER_MODEL, EncoderReplica, ServedTokenizer, checkpoint_file, encoder_spec,
+    id_rows, load_encoder,
 };
-use examples_serve::loadgen::{self, Encoding, Level, LoadConfig, payloads};
+use examples_serve::loadgen::{self, Encoding, Level, LoadConfig, payloads, text_payloads};
 use serde::Serialize;
 
 #[global_allocator]
@@ -156,6 +156,20 @@ struct Args {
     /// Unmeasured requests before each level.
     #[arg(long, default_value_t = 32)]
     warmup: usize,
+    /// A peer embedding server already running on loopback (`127.0.0.1:7997`, Infinity's
+    /// port), measured by `--bench` with the same text requests after this server
+    /// (`--encodings text`).
+    #[arg(long)]
+    peer: Option<SocketAddr>,
+    /// The peer's OpenAI-style embeddings path (Infinity's is `/embeddings`).
+    #[arg(long, default_value = "/embeddings")]
+    peer_path: String,
+    /// The model name the peer serves.
+    #[arg(long, default_value = "minilm")]
+    peer_name: String,
+    /// What the peer is, for the tables.
+    #[arg(long, default_value = "infinity-emb")]
+    peer_label: String,
     /// Where `--bench` draws its curves.
     #[arg(long, default_value = "target/serve/encoder-latency.png")]
     plot: PathBuf,
@@ -689,23 +703,38 @@ fn check_server(
         for part in texts.chunks(16) {
             let body = serde_json::json!({ "inputs": part, "normalize": loaded.pooling.normalize });
             let answer = client.post("/embed", serde_json::to_vec(&body)?).await?;
-            ensure!(answer.status == 200, "/embed answered {}: {:?}", answer.status, answer.error());
+            ensure!(
+                answer.status == 200,
+                "/embed answered {}: {:?}",
+                answer.status,
+                answer.error()
+            );
             by_text.extend(serde_json::from_slice::<Vec<Vec<f32>>>(&answer.body)?);
         }
         let (_, outputs) = client
-            .infer_binary(ENCODER_MODEL, "text", &HostTensor::texts(texts.iter().cloned()))
+            .infer_binary(
+                ENCODER_MODEL,
+                "text",
+                &HostTensor::texts(texts.iter().cloned()),
+            )
             .await?;
         let HostData::F32(values) = outputs[0].data() else {
             bail!("embeddings are not FP32")
         };
-        let by_bytes: Vec<Vec<f32>> = values.chunks(outputs[0].row_len()).map(<[f32]>::to_vec).collect();
+        let by_bytes: Vec<Vec<f32>> = values
+            .chunks(outputs[0].row_len())
+            .map(<[f32]>::to_vec)
+            .collect();
         for (what, got) in [("/embed", &by_text), ("BYTES", &by_bytes)] {
             let gap = max_abs_difference(got, &rows);
             ensure!(
                 got.len() == rows.len() && gap <= text_tolerance,
                 "{what}: texts embed {gap:.2e} away from their ids (tolerance {text_tolerance:.1e})"
             );
-            println!("{what}: {} texts tokenized by the server, {gap:.2e} from the ids' rows", got.len());
+            println!(
+                "{what}: {} texts tokenized by the server, {gap:.2e} from the ids' rows",
+                got.len()
+            );
         }
         // Unit length, to the form's precision (`bf16` normalises in `bf16`).
         let norm_tolerance = if loaded.form == Form::Bf16 {
@@ -726,7 +755,9 @@ fn check_server(
 
 #[derive(Serialize)]
 struct Series {
-    form: Form,
+    /// `burn-serve`, or the peer's label.
+    server: String,
+    form: Option<Form>,
     model: String,
     placement: String,
     weights_mb: f64,
@@ -747,14 +778,32 @@ struct BenchReport {
     series: Vec<Series>,
 }
 
+fn print_level(l: &Level) {
+    println!(
+        "  {:>3} users: {:>6.1} requests/s, p50 {:.1} ms, p99 {:.1} ms, {:.1} rows/batch, {} failed",
+        l.concurrency, l.throughput, l.p50_ms, l.p99_ms, l.mean_batch, l.failures
+    )
+}
+
 /// Serves each form without batching and with it, and measures it from 1 to 64 users sending
 /// one fortune per request.
 fn bench(args: &Args) -> anyhow::Result<()> {
+    // Long fortunes are cut at the model's length, as the id rows cut them and as Infinity
+    // cuts: no request is refused for its length.
+    let args = &Args {
+        auto_truncate: true,
+        ..args.clone()
+    };
     let config = LoadConfig {
         model: ENCODER_MODEL.into(),
         requests: args.requests,
         seconds: args.seconds,
         warmup: args.warmup,
+        path: None,
+    };
+    let text_config = LoadConfig {
+        path: Some("/v1/embeddings".into()),
+        ..config.clone()
     };
     let texts: Vec<String> = sentences(None)?.into_iter().take(512).collect();
     let mut series = Vec::new();
@@ -801,7 +850,10 @@ fn bench(args: &Args) -> anyhow::Result<()> {
             mb(loaded.bytes())
         );
         for &encoding in &args.encodings {
-            let payloads = payloads(&inputs, ENCODER_INPUT, encoding);
+            let (payloads, config) = match encoding {
+                Encoding::Text => (text_payloads(&texts, ENCODER_MODEL), &text_config),
+                _ => (payloads(&inputs, ENCODER_INPUT, encoding), &config),
+            };
             for batched in [false, true] {
                 let batching = if batched {
                     batching(args)
@@ -822,25 +874,15 @@ fn bench(args: &Args) -> anyhow::Result<()> {
                 );
                 let levels = loadgen::run(
                     running.addr(),
-                    &config,
+                    config,
                     Arc::clone(&payloads),
                     &args.concurrency,
-                    |l| {
-                        println!(
-                            "  {:>3} users: {:>6.1} requests/s, p50 {:.1} ms, p99 {:.1} ms, \
-                             {:.1} rows/batch, {} failed",
-                            l.concurrency,
-                            l.throughput,
-                            l.p50_ms,
-                            l.p99_ms,
-                            l.mean_batch,
-                            l.failures
-                        )
-                    },
+                    print_level,
                 )?;
                 running.shutdown()?;
                 series.push(Series {
-                    form,
+                    server: "burn-serve".into(),
+                    form: Some(form),
                     model: loaded.description.clone(),
                     placement,
                     weights_mb: mb(loaded.bytes()),
@@ -851,15 +893,42 @@ fn bench(args: &Args) -> anyhow::Result<()> {
             }
         }
     }
+    if let Some(peer) = args.peer {
+        // The same texts, the same users, to the peer's OpenAI-style endpoint.
+        let peer_config = LoadConfig {
+            model: args.peer_name.clone(),
+            path: Some(args.peer_path.clone()),
+            ..config.clone()
+        };
+        println!("\n{} on {peer}{}, text in", args.peer_label, args.peer_path);
+        let levels = loadgen::run(
+            peer,
+            &peer_config,
+            text_payloads(&texts, &args.peer_name),
+            &args.concurrency,
+            print_level,
+        )?;
+        series.push(Series {
+            server: args.peer_label.clone(),
+            form: None,
+            model: args.peer_label.clone(),
+            placement: "its own".into(),
+            weights_mb: f64::NAN,
+            encoding: Encoding::Text,
+            batched: true,
+            levels,
+        });
+    }
     println!(
-        "\n| form | weights MB | placement | encoding | batching | users | requests/s | p50 ms | p99 ms | rows/batch | failures |"
+        "\n| server | form | weights MB | placement | encoding | batching | users | requests/s | p50 ms | p99 ms | rows/batch | failures |"
     );
-    println!("|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|");
     for s in &series {
         for l in &s.levels {
             println!(
-                "| {} | {:.1} | {} | {:?} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
-                s.form.name(),
+                "| {} | {} | {:.1} | {} | {:?} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+                s.server,
+                s.form.map_or("-", Form::name),
                 s.weights_mb,
                 s.placement,
                 s.encoding,
@@ -877,8 +946,9 @@ fn bench(args: &Args) -> anyhow::Result<()> {
         .iter()
         .map(|s| {
             format!(
-                "{}, {:?}, {}",
-                s.form.name(),
+                "{} {}, {:?}, {}",
+                s.server,
+                s.form.map_or("", Form::name),
                 s.encoding,
                 if s.batched { "batched" } else { "unbatched" }
             )

@@ -422,9 +422,11 @@ impl Servable for EncoderReplica {
 
     fn token_count(&self) -> Option<CountTokens> {
         // A batch costs its real tokens: the replica cuts padding away (`length_groups`).
-        Some(std::sync::Arc::new(|input: &HostTensor| match input.data() {
-            HostData::I64(ids) => row_lengths(ids, input.row_len().max(1)).iter().sum(),
-            other => other.len(),
+        Some(std::sync::Arc::new(|input: &HostTensor| {
+            match input.data() {
+                HostData::I64(ids) => row_lengths(ids, input.row_len().max(1)).iter().sum(),
+                other => other.len(),
+            }
         }))
     }
 

@@ -25,6 +25,9 @@ pub struct LoadConfig {
     pub seconds: f64,
     /// Unmeasured requests before each level.
     pub warmup: usize,
+    /// The endpoint requests go to: `None`, the model's Open Inference Protocol `infer`;
+    /// else a path such as `/v1/embeddings` (the payloads must be its bodies).
+    pub path: Option<String>,
 }
 
 /// One concurrency level's result.
@@ -69,14 +72,31 @@ pub enum Encoding {
     Json,
     /// The binary tensor data extension, both ways (Triton's clients' default).
     Binary,
+    /// Text in: OpenAI's `/v1/embeddings` with the text, tokenized by the server
+    /// ([`text_payloads`]).
+    Text,
 }
 
-/// One request per input, the tensor named `name`, in `encoding`: what [`run`] sends.
+/// One OpenAI embeddings request per text, for `model`: what an embedding server (this one's
+/// `/v1/embeddings`, Infinity's `/embeddings`) takes.
+pub fn text_payloads(texts: &[String], model: &str) -> Arc<Vec<Payload>> {
+    let payloads = texts
+        .iter()
+        .map(|text| {
+            let body = serde_json::json!({"input": text, "model": model});
+            (serde_json::to_vec(&body).expect("JSON"), None)
+        })
+        .collect();
+    Arc::new(payloads)
+}
+
+/// One request per input, the tensor named `name`, in `encoding` (`Json` or `Binary`; text
+/// payloads come from [`text_payloads`]): what [`run`] sends.
 pub fn payloads(inputs: &[HostTensor], name: &str, encoding: Encoding) -> Arc<Vec<Payload>> {
     let payloads = inputs
         .iter()
         .map(|input| match encoding {
-            Encoding::Json => {
+            Encoding::Json | Encoding::Text => {
                 let body = serde_json::json!({"inputs": [JsonTensor::from_host(name, input)]});
                 (serde_json::to_vec(&body).expect("JSON"), None)
             }
@@ -122,7 +142,10 @@ async fn level(
     payloads: Arc<Vec<Payload>>,
     concurrency: usize,
 ) -> anyhow::Result<Level> {
-    let path = format!("/v2/models/{}/infer", config.model);
+    let path = config
+        .path
+        .clone()
+        .unwrap_or_else(|| format!("/v2/models/{}/infer", config.model));
     // Warm-up, unmeasured.
     send_all(addr, &path, &payloads, concurrency, config.warmup, 60.0).await?;
     let before = batch_totals(addr, &config.model).await?;
