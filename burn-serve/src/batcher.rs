@@ -254,7 +254,7 @@ impl Batcher {
         });
         // A worker needs waking only to start a batch's clock or to take a full batch; in
         // between, the one waiting for the batch to fill would wake and sleep again for nothing.
-        let wake = queue.pending.len() == 1 || queue.rows >= max || self.full_of_tokens(&queue);
+        let wake = queue.pending.len() == 1 || is_full(&self.shared.config, &queue);
         drop(queue);
         if wake {
             self.shared.work.notify_one();
@@ -269,13 +269,6 @@ impl Batcher {
             Some(count) => count(input),
             None => input.data().len(),
         }
-    }
-
-    fn full_of_tokens(&self, queue: &Queue) -> bool {
-        self.shared
-            .config
-            .max_batch_tokens
-            .is_some_and(|budget| queue.tokens >= budget)
     }
 
     /// Stops accepting requests, lets the workers finish every accepted one, and waits for
@@ -375,6 +368,14 @@ fn run<S: Servable>(
     })
 }
 
+/// Whether the queue holds a full batch: `max_batch_size` rows or `max_batch_tokens` tokens.
+fn is_full(config: &BatcherConfig, queue: &Queue) -> bool {
+    queue.rows >= config.max_batch_size
+        || config
+            .max_batch_tokens
+            .is_some_and(|budget| queue.tokens >= budget)
+}
+
 /// Waits for a batch: returns once `max_batch_size` rows are queued, the oldest request has
 /// waited `max_queue_delay`, or the batcher is closing (then without waiting). `None` when the
 /// batcher is closed and drained.
@@ -394,10 +395,7 @@ fn next_batch(shared: &Shared) -> Option<Vec<Pending>> {
         };
         let due = oldest.enqueued + config.max_queue_delay;
         let now = Instant::now();
-        let full_of_tokens = config
-            .max_batch_tokens
-            .is_some_and(|budget| queue.tokens >= budget);
-        if queue.rows >= config.max_batch_size || full_of_tokens || now >= due || !queue.open {
+        if is_full(config, &queue) || now >= due || !queue.open {
             break;
         }
         queue = shared

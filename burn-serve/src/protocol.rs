@@ -362,9 +362,13 @@ impl JsonTensor {
         flatten(&self.data, &mut leaves, 0)
             .map_err(|message| ServeError::bad(format!("tensor '{name}': {message}")))?;
         let element = |index: usize, value: &Value| {
+            let want = match (datatype, value) {
+                // A string among numbers.
+                (DataType::Fp32 | DataType::Int64, Value::String(_)) => "a number".to_string(),
+                _ => datatype.name().to_string(),
+            };
             ServeError::bad(format!(
-                "tensor '{name}': element {index} is {value}, not {}",
-                datatype.name()
+                "tensor '{name}': element {index} is {value}, not {want}"
             ))
         };
         let data = match datatype {

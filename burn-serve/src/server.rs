@@ -668,10 +668,10 @@ fn tei_kind(err: &ServeError) -> &'static str {
     match err {
         ServeError::TooLarge { .. }
         | ServeError::TooManyTokens { .. }
-        | ServeError::InputTooLong { .. } => "validation",
-        ServeError::BadRequest(_) | ServeError::UnknownModel(_) | ServeError::Invalid { .. } => {
-            "validation"
-        }
+        | ServeError::InputTooLong { .. }
+        | ServeError::BadRequest(_)
+        | ServeError::UnknownModel(_)
+        | ServeError::Invalid { .. } => "validation",
         ServeError::Unauthorized(_) => "unauthorized",
         ServeError::Overloaded { .. } | ServeError::MemoryLimit(_) => "overloaded",
         ServeError::ShuttingDown => "unhealthy",

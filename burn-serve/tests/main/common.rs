@@ -8,7 +8,9 @@ use burn::nn::{BatchNorm, BatchNormConfig, Dropout, DropoutConfig, Linear, Linea
 use burn::tensor::activation::relu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor, TensorData};
-use burn_serve::{BurnModel, HostData, HostTensor, Servable, ServeError};
+use burn_serve::{BurnModel, Client, HostData, HostTensor, Servable, ServeError};
+use hyper::Method;
+use serde_json::Value;
 
 /// Linear → BatchNorm → Dropout → ReLU → Linear, at odd widths. Outside autodiff, BatchNorm
 /// uses its running statistics and Dropout is the identity, so each output row depends on its
@@ -143,4 +145,26 @@ impl<S: Servable> Servable for Recording<S> {
         self.batches.lock().unwrap().push(batch.rows());
         self.inner.infer(batch)
     }
+}
+
+/// The runtime the HTTP tests' clients run on.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+pub fn body(value: Value) -> Vec<u8> {
+    serde_json::to_vec(&value).unwrap()
+}
+
+/// `POST path` with `value` as JSON: the status and the JSON answer (`null` if none).
+pub async fn post(client: &mut Client, path: &str, value: Value) -> (u16, Value) {
+    let answer = client.send(Method::POST, path, body(value)).await.unwrap();
+    (
+        answer.status,
+        serde_json::from_slice(&answer.body).unwrap_or(Value::Null),
+    )
 }

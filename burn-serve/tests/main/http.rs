@@ -18,7 +18,7 @@ use hyper::Method;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-use crate::common::{self, IN, Net, OUT, Slow};
+use crate::common::{self, IN, Net, OUT, Slow, body, post, runtime};
 
 /// Token ids `[n, 4]` → mean embedding → logits `[n, 5]`.
 #[derive(Module, Debug)]
@@ -109,26 +109,6 @@ fn start(max_body_bytes: usize) -> Fixture {
         net,
         tokens,
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn body(value: Value) -> Vec<u8> {
-    serde_json::to_vec(&value).unwrap()
-}
-
-async fn post(client: &mut Client, path: &str, value: Value) -> (u16, Value) {
-    let answer = client.send(Method::POST, path, body(value)).await.unwrap();
-    (
-        answer.status,
-        serde_json::from_slice(&answer.body).unwrap_or(Value::Null),
-    )
 }
 
 fn net_request(rows: usize, seed: usize) -> (Value, burn_serve::HostTensor) {

@@ -535,7 +535,7 @@ fn bench(args: &Args) -> anyhow::Result<()> {
 
     let mut series = Vec::new();
     for &encoding in &args.encodings {
-        let payloads = payloads(&target.inputs, target.input_name, encoding);
+        let payloads = payloads(&target.inputs, target.input_name, encoding)?;
         for batched in [false, true] {
             let batching = if batched {
                 batching(args)
@@ -756,7 +756,7 @@ fn main() -> anyhow::Result<()> {
             .into_iter()
             .map(|d| HostTensor::f32(1, MNIST_PIXELS, d))
             .collect::<Result<_, _>>()?;
-        let payloads = payloads(&inputs, "input", args.encodings[0]);
+        let payloads = payloads(&inputs, "input", args.encodings[0])?;
         let config = LoadConfig {
             model: args.model.clone(),
             requests: args.requests,

@@ -852,7 +852,7 @@ fn bench(args: &Args) -> anyhow::Result<()> {
         for &encoding in &args.encodings {
             let (payloads, config) = match encoding {
                 Encoding::Text => (text_payloads(&texts, ENCODER_MODEL), &text_config),
-                _ => (payloads(&inputs, ENCODER_INPUT, encoding), &config),
+                _ => (payloads(&inputs, ENCODER_INPUT, encoding)?, &config),
             };
             for batched in [false, true] {
                 let batching = if batched {

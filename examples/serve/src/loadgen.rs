@@ -90,17 +90,25 @@ pub fn text_payloads(texts: &[String], model: &str) -> Arc<Vec<Payload>> {
     Arc::new(payloads)
 }
 
-/// One request per input, the tensor named `name`, in `encoding` (`Json` or `Binary`; text
-/// payloads come from [`text_payloads`]): what [`run`] sends.
-pub fn payloads(inputs: &[HostTensor], name: &str, encoding: Encoding) -> Arc<Vec<Payload>> {
+/// One request per input, the tensor named `name`, in `encoding`: what [`run`] sends. Text
+/// payloads are texts, not tensors: [`text_payloads`] makes them, and `Text` is an error here.
+pub fn payloads(
+    inputs: &[HostTensor],
+    name: &str,
+    encoding: Encoding,
+) -> anyhow::Result<Arc<Vec<Payload>>> {
+    if encoding == Encoding::Text {
+        bail!("`--encodings text` sends texts: this model takes tensors (json or binary)");
+    }
     let payloads = inputs
         .iter()
         .map(|input| match encoding {
-            Encoding::Json | Encoding::Text => {
+            Encoding::Json => {
                 let body = serde_json::json!({"inputs": [JsonTensor::from_host(name, input)]});
                 (serde_json::to_vec(&body).expect("JSON"), None)
             }
-            Encoding::Binary => {
+            // `Text` was refused above.
+            Encoding::Binary | Encoding::Text => {
                 let (tensor, bytes) = JsonTensor::binary_from_host(name, input);
                 let request = serde_json::json!({
                     "parameters": {"binary_data_output": true},
@@ -111,7 +119,7 @@ pub fn payloads(inputs: &[HostTensor], name: &str, encoding: Encoding) -> Arc<Ve
             }
         })
         .collect();
-    Arc::new(payloads)
+    Ok(Arc::new(payloads))
 }
 
 /// Runs every level in `levels` against `addr`, sending `payloads` in turn.
