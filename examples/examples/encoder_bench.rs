@@ -6,6 +6,8 @@
 //! - `burn-flex-f32`: Burn's Flex;
 //! - `fast-f32`: `burn_fast_cpu::FastFlex` (Flex with this project's CPU paths), `f32`;
 //! - `fast-bf16`: the same model on `FastFlex` with its float parameters cast to `bf16`;
+//! - `fast-f32-transposed`, `fast-bf16-transposed`: the same, every `Linear`'s weight a
+//!   transposed view of a `[d_out, d_in]` buffer (a PyTorch port's layout);
 //! - `fast-int8`: Burn's own `Module::quantize_weights` of every `Linear` (symmetric `int8`,
 //!   one scale per tensor) on `FastFlex`;
 //! - `fast-f32-lowrank`: the encoder with its feed-forward projections at rank `--ffn-rank`
@@ -34,7 +36,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use burn::backend::Flex;
-use burn::module::{Module, Quantizer};
+use burn::module::{Module, ModuleMapper, Param, Quantizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::QuantizedTensor;
 use burn::tensor::quantization::{
@@ -102,10 +104,12 @@ struct Args {
 const PAUSE_MS: u64 = 300;
 
 /// Burn's forms, in the table's order.
-const BURN_FORMS: [&str; 5] = [
+const BURN_FORMS: [&str; 7] = [
     "burn-flex-f32",
     "fast-f32",
+    "fast-f32-transposed",
     "fast-bf16",
+    "fast-bf16-transposed",
     "fast-int8",
     "fast-f32-lowrank",
 ];
@@ -573,7 +577,12 @@ fn build_form(
                 draw_params(&encoder);
                 forward_of(encoder, ids, mask)
             }
-            "fast-f32" | "fast-bf16" | "fast-int8" | LOW_RANK => {
+            "fast-f32"
+            | "fast-f32-transposed"
+            | "fast-bf16"
+            | "fast-bf16-transposed"
+            | "fast-int8"
+            | LOW_RANK => {
                 let device = Default::default();
                 FastFlex::seed(&device, seed);
                 let encoder = if form == LOW_RANK {
@@ -587,6 +596,11 @@ fn build_form(
                 draw_params(&encoder);
                 let encoder = match form {
                     "fast-bf16" => encoder.map(&mut CastParams(DType::BF16)),
+                    // Cast after: the cast keeps a transposed view's layout.
+                    "fast-bf16-transposed" => encoder
+                        .map(&mut TransposedLinears::default())
+                        .map(&mut CastParams(DType::BF16)),
+                    "fast-f32-transposed" => encoder.map(&mut TransposedLinears::default()),
                     "fast-int8" => quantize_linears(encoder),
                     _ => encoder,
                 };
@@ -600,6 +614,41 @@ fn build_form(
     // The first forward, where an unsupported operation would panic.
     catch_unwind(AssertUnwindSafe(&mut forward)).map_err(panic_text)?;
     Ok(forward)
+}
+
+/// Every `Linear`'s weight as a transposed view of its `[d_out, d_in]` copy: the layout a
+/// port of PyTorch's `nn.Linear` holds (`Param::from_tensor(w.transpose())`, or Burn's
+/// `LinearLayout::Col`). The same values, so the form's output equals `fast-f32`'s.
+#[derive(Default)]
+struct TransposedLinears {
+    in_linear: usize,
+}
+
+impl<B: Backend> ModuleMapper<B> for TransposedLinears {
+    fn enter_module(&mut self, _name: &str, container_type: &str) {
+        if container_type == "Struct:Linear" {
+            self.in_linear += 1;
+        }
+    }
+
+    fn exit_module(&mut self, _name: &str, container_type: &str) {
+        if container_type == "Struct:Linear" {
+            self.in_linear -= 1;
+        }
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let tensor = if self.in_linear > 0 && D == 2 {
+            let device = tensor.device();
+            // `into_data` of the transposed view is `[d_out, d_in]`, row-major.
+            let stored = Tensor::<B, D>::from_data(tensor.transpose().into_data(), &device);
+            stored.transpose()
+        } else {
+            tensor
+        };
+        Param::from_mapped_value(id, tensor, mapper)
+    }
 }
 
 /// Burn's forms at one shape, built and warmed up, with each form's gap to `burn-flex-f32`

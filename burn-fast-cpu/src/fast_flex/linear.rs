@@ -16,6 +16,7 @@ use half::bf16;
 
 use burn_cpu_kernels::{MatRef, StoredFloat, sgemm};
 
+use super::weights::{self, Form};
 use super::{FastPath, convert, f32_values, via_f32};
 use crate::flex_view::{self, Flattened};
 
@@ -61,10 +62,28 @@ fn forward_dims(x: &FlexTensor, weight: &FlexTensor) -> (Flattened, usize, Vec<u
 
 fn forward_f32(x: &FlexTensor, weight: &FlexTensor, bias: Option<&FlexTensor>) -> FlexTensor {
     let (rows, n, out_dims) = forward_dims(x, weight);
-    let mut dst = vec![0.0f32; rows.shape()[0] * n];
+    let m = rows.shape()[0];
+    let mut dst = vec![0.0f32; m * n];
     let bias = bias.map(f32_values);
-    let w = flex_view::matrix::<f32>(weight);
-    product_f32(&mut dst, n, rows.view(), w, bias.as_deref());
+    if (MIN_PACKED_ROWS..=STREAMED_WEIGHT_ROWS).contains(&m) && kept(weight) {
+        // Few rows stream the weight: its panels, packed once, are read in order.
+        let [k, _] = matrix_dims(weight);
+        let packed =
+            weights::prepared(weight, Form::PackedF32, n.div_ceil(32) * 32 * k * 4, || {
+                sgemm::PackedRhs::pack(flex_view::matrix::<f32>(weight))
+            });
+        let epilogue = sgemm::Epilogue {
+            bias: bias.as_deref(),
+            ..Default::default()
+        };
+        if n > 0 {
+            sgemm::matmul_packed(&mut dst, n, rows.view(), &packed, epilogue, true);
+        }
+    } else {
+        in_rows_order::<f32, _>(weight, |w| {
+            product_f32(&mut dst, n, rows.view(), w, bias.as_deref())
+        });
+    }
     flex_view::tensor(dst, out_dims)
 }
 
@@ -72,9 +91,36 @@ fn forward_bf16(x: &FlexTensor, weight: &FlexTensor, bias: Option<&FlexTensor>) 
     let (rows, n, out_dims) = forward_dims(x, weight);
     // The bias is the product's starting value; the sum rounds once, as it stores.
     let mut dst = start_value::<bf16>(bias, rows.shape()[0], n);
-    let w = flex_view::matrix::<bf16>(weight);
-    product_bf16(&mut dst, n, rows.view(), w, bias.is_some());
+    in_rows_order::<bf16, _>(weight, |w| {
+        product_bf16(&mut dst, n, rows.view(), w, bias.is_some())
+    });
     flex_view::tensor(dst, out_dims)
+}
+
+/// Whether `weight` outlives this call (a model's parameter, a tensor a graph keeps): a
+/// tensor nothing else holds (a weight widened for this call) is not worth keeping a form of.
+fn kept(weight: &FlexTensor) -> bool {
+    !weight.is_unique()
+}
+
+/// `product` on `weight` read row by row: the weight itself where its rows are contiguous,
+/// else its contiguous copy, kept between calls for a weight that outlives the call
+/// (a transposed `Param`, as a port of PyTorch's `nn.Linear` holds it).
+fn in_rows_order<E: flex_view::FlexFloat, R>(
+    weight: &FlexTensor,
+    product: impl FnOnce(MatRef<'_, E>) -> R,
+) -> R {
+    let (rows, cols, _, col_stride) = weight.layout().as_2d_strides().expect("a rank-2 weight");
+    if col_stride == 1 || rows * cols == 0 || !kept(weight) {
+        return product(flex_view::matrix::<E>(weight));
+    }
+    let copy = weights::prepared(
+        weight,
+        Form::Contiguous,
+        rows * cols * size_of::<E>(),
+        || flex_view::contiguous(weight),
+    );
+    product(flex_view::matrix::<E>(&copy))
 }
 
 /// `output_grad · weightᵀ`: `[..., d_out] → [..., d_in]`.
@@ -258,6 +304,11 @@ fn product_f32(
 /// reading a weight beats `sgemm`'s column panels there, though not on a weight already in
 /// cache.
 const STREAMED_WEIGHT_ROWS: usize = 64;
+
+/// The fewest rows `linear`'s `f32` product reads a weight's kept panels for: below, `gemm`
+/// reading the weight in place is faster (a product of one row is a matrix-vector product,
+/// for which the micro-kernel's 14-row tile is mostly empty).
+const MIN_PACKED_ROWS: usize = 8;
 
 /// `dst (+)= lhs · rhs` of `bf16` operands, accumulated in `f32` and rounded once to `O`.
 fn product_bf16<O: StoredFloat>(

@@ -34,6 +34,7 @@ mod mask;
 mod matmul;
 mod ops;
 mod rows;
+mod weights;
 
 /// Flex, with the operations a model spends its time in on this project's CPU kernels, in
 /// `f32`, `bf16` and `f16`; its tensors are Flex's. Flex broadcasts `linear`'s weight into a

@@ -43,22 +43,22 @@ fn by_rows(tensor: FlexTensor, f: impl Fn(&mut [f32], usize) + Sync) -> FastPath
 /// `apply` on the values of `tensor`, or of a contiguous copy of our own where another
 /// tensor shares its buffer or it is strided.
 fn rows_in<E: FlexFloat>(tensor: FlexTensor, apply: impl FnOnce(&mut [E])) -> FlexTensor {
-    let mut tensor = if tensor.is_unique() && tensor.layout().is_contiguous() {
+    let mut tensor = if tensor.layout().is_contiguous() {
         tensor
     } else {
-        let copy = flex_view::contiguous(&tensor);
-        drop(tensor);
-        if copy.is_unique() && copy.layout().is_contiguous() {
-            copy
-        } else {
-            // Still shared (`contiguous` hands back the buffer of a tensor that is contiguous
-            // already, and someone else holds it): a copy of our own to overwrite.
-            let values = flex_view::values::<E>(&copy).expect("contiguous").to_vec();
-            flex_view::tensor(values, copy.layout().shape().clone())
-        }
+        flex_view::contiguous(&tensor)
     };
-    apply(flex_view::values_mut::<E>(&mut tensor).expect("held alone"));
-    tensor
+    // Written in place where no other tensor (nor a kept weight form's `Weak`) holds the
+    // buffer; `contiguous` hands back the buffer of a tensor that is contiguous already.
+    if let Some(values) = flex_view::values_mut::<E>(&mut tensor) {
+        apply(values);
+        return tensor;
+    }
+    let mut values = flex_view::values::<E>(&tensor)
+        .expect("contiguous")
+        .to_vec();
+    apply(&mut values);
+    flex_view::tensor(values, tensor.layout().shape().clone())
 }
 
 /// `f` over pieces of [`ROWS`] rows of half values, on rayon's threads, each taken through

@@ -128,6 +128,164 @@ fn linear_matches_flex_at_every_rank_and_layout() {
     assert_eq!(linear(empty, w, Some(b)).dims(), [0, 4, 19]);
 }
 
+/// A weight's kept form (its packed panels, a strided weight's contiguous copy) gives,
+/// at every path (`gemm` below 8 rows, the packed panels up to 64, `sgemm` past), on the
+/// first call and the next, bit for bit what the same weight stored contiguous gives; and a
+/// changed weight (written in place, an optimizer step, `load_record`) is never served
+/// from the old one's form.
+#[test]
+fn kept_weight_forms_are_exact_and_never_stale() {
+    use burn::tensor::module::linear;
+    let _serial = serial();
+    for dtype in [DType::F32, DType::BF16] {
+        let cast = |t: Tensor<FastFlex, 2>| t.cast(dtype);
+        // The same values stored four ways: contiguous, a transposed view, rows of a wider
+        // buffer (a row stride past the width), a transposed view of such a slice.
+        let (w32, _) = both([37, 45], 20);
+        let w = cast(w32.clone());
+        let stored_t = cast(Tensor::<FastFlex, 2>::from_data(
+            w32.clone().transpose().into_data(),
+            &DEVICE,
+        ));
+        let wide = cast(
+            Tensor::<FastFlex, 2>::zeros([37, 50], &DEVICE)
+                .slice_assign([0..37, 3..48], w32.clone()),
+        );
+        let wide_t = cast(
+            Tensor::<FastFlex, 2>::zeros([52, 37], &DEVICE)
+                .slice_assign([5..50, 0..37], w32.clone().transpose()),
+        );
+        let layouts = [
+            ("transposed", stored_t.transpose()),
+            ("sliced rows", wide.slice([0..37, 3..48])),
+            (
+                "sliced, transposed",
+                wide_t.slice([5..50, 0..37]).transpose(),
+            ),
+        ];
+        let (b, _) = both([45], 21);
+        let b = b.cast(dtype);
+        for rows in [1, 7, 8, 16, 64, 65, 130] {
+            let (x, _) = both([rows, 37], 22 + rows as u64);
+            let x = cast(x);
+            let want = linear(x.clone(), w.clone(), Some(b.clone())).into_data();
+            let again = linear(x.clone(), w.clone(), Some(b.clone())).into_data();
+            assert_eq!(
+                want, again,
+                "{dtype:?}, {rows} rows: contiguous, second call"
+            );
+            for (name, weight) in &layouts {
+                for call in ["first", "second"] {
+                    let got = linear(x.clone(), weight.clone(), Some(b.clone())).into_data();
+                    assert_eq!(
+                        got, want,
+                        "{dtype:?}, {rows} rows, {name} weight, {call} call"
+                    );
+                }
+            }
+        }
+    }
+
+    // Written in place: Flex's copy-on-write moves the values, the next call sees them.
+    let (w, w32) = both([37, 19], 30);
+    let (x, x32) = both([16, 37], 31);
+    let _ = linear(x.clone(), w.clone(), None);
+    let w = w.add_scalar(1.0);
+    let w32 = w32.add_scalar(1.0);
+    close(
+        linear(x.clone(), w, None),
+        linear(x32.clone(), w32, None),
+        1e-5,
+        "after add_scalar",
+    );
+
+    // An optimizer step, then `load_record`, on a model whose weight is transposed.
+    use burn::module::Param;
+    use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+    type AB = Autodiff<FastFlex>;
+    let device = DEVICE;
+    let mut layer = LinearConfig::new(37, 19).init::<AB>(&device);
+    draw_params(&layer);
+    let stored = Tensor::<AB, 2>::from_data(layer.weight.val().transpose().into_data(), &device);
+    layer.weight = Param::from_tensor(stored.transpose());
+    let x16 = Tensor::<AB, 2>::from_data(x.clone().into_data(), &device);
+    let flex_of = |layer: &burn::nn::Linear<AB>| {
+        let flex = LinearConfig::new(37, 19).init::<Flex>(&device);
+        let flex = flex.load_record(burn::nn::LinearRecord {
+            weight: Param::from_data(layer.weight.val().into_data(), &device),
+            bias: layer
+                .bias
+                .as_ref()
+                .map(|b| Param::from_data(b.val().into_data(), &device)),
+        });
+        flex.forward(x32.clone())
+    };
+    use burn::module::AutodiffModule;
+    let inference = |layer: &burn::nn::Linear<AB>| layer.valid().forward(x.clone());
+    close(inference(&layer), flex_of(&layer), 1e-5, "before the step");
+    let y_before = inference(&layer).into_data();
+    let loss = layer.forward(x16.clone()).powi_scalar(2).sum();
+    let grads = GradientsParams::from_grads(loss.backward(), &layer);
+    let mut sgd = SgdConfig::new().init();
+    let layer = sgd.step(0.5, layer, grads);
+    close(
+        inference(&layer),
+        flex_of(&layer),
+        1e-5,
+        "after an optimizer step",
+    );
+    assert_ne!(
+        inference(&layer).into_data(),
+        y_before,
+        "the step changed the output"
+    );
+    let other = LinearConfig::new(37, 19).init::<AB>(&device);
+    draw_params(&other);
+    let layer = layer.load_record(other.clone().into_record());
+    close(
+        inference(&layer),
+        flex_of(&other),
+        1e-5,
+        "after load_record",
+    );
+}
+
+/// Several threads multiplying by one shared weight (its form made once, then read by all)
+/// and each by weights of its own, made and dropped at every call: each result as alone.
+#[test]
+fn kept_weight_forms_from_several_threads() {
+    use burn::tensor::module::linear;
+    let (shared, _) = both([64, 96], 40);
+    let (x, _) = both([16, 64], 41);
+    let alone = linear(x.clone(), shared.clone(), None).into_data();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (shared, x, alone) = (shared.clone(), x.clone(), alone.clone());
+                scope.spawn(move || {
+                    for i in 0..20u64 {
+                        let got = linear(x.clone(), shared.clone(), None).into_data();
+                        assert_eq!(got, alone, "thread {t}, call {i}: shared weight");
+                        let (own, own32) = both([64, 96], 100 + t * 20 + i);
+                        // Held past the call, as a model holds its weights: its form is kept
+                        // until `own` is dropped at the end of the iteration.
+                        let x32 = Tensor::<Flex, 2>::from_data(x.clone().into_data(), &DEVICE);
+                        close(
+                            linear(x.clone(), own.clone(), None),
+                            linear(x32, own32, None),
+                            1e-5,
+                            "own weight",
+                        );
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.join().unwrap();
+        }
+    });
+}
+
 /// `bf16` and `f16` `linear`: within the output's rounding of the `f64` product of the same
 /// values (what an `f32` accumulation rounded once gives).
 #[test]
