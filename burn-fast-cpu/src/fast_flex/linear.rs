@@ -7,6 +7,11 @@
 //! bias is the product's starting value, and the weight gradient is one product of depth
 //! `batch · seq` rather than a product per sequence summed afterwards.
 //!
+//! A weight that outlives the call (a model's parameter) is read in a form kept between
+//! calls ([`weights`]): its packed panels for the `f32` product of 8 to 64 rows, and a
+//! contiguous copy where its rows are strided (a transposed `Param`), so that a port of
+//! PyTorch's `[d_out, d_in]` layout runs as fast as Burn's own.
+//!
 //! Each function computes operands of one float type, `f32`, `bf16` or `f16` (`f16` as `f32`,
 //! rounded once); other operands come back as their [`FastPath`]'s `Err`.
 
@@ -298,11 +303,11 @@ fn product_f32(
     sgemm::matmul_on(isa, dst, stride, a, b, epilogue, true);
 }
 
-/// Rows up to which `linear`'s `f32` product takes `sgemm`'s `gemm` path rather than its
-/// micro-kernel. With this few rows a model's forward streams its weights from memory (a
-/// stack of layers' weights does not fit in the last-level cache), and `gemm`'s order of
-/// reading a weight beats `sgemm`'s column panels there, though not on a weight already in
-/// cache.
+/// Rows up to which a model's forward streams its weights from memory (a stack of layers'
+/// weights does not fit in the last-level cache). There `linear`'s `f32` product reads a
+/// weight that outlives the call as its panels, packed once ([`weights`]), in order; a
+/// weight packed at each call took `sgemm`'s `gemm` path instead, whose order of reading a
+/// weight in place beat the micro-kernel's column panels.
 const STREAMED_WEIGHT_ROWS: usize = 64;
 
 /// The fewest rows `linear`'s `f32` product reads a weight's kept panels for: below, `gemm`
