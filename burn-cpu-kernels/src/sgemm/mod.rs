@@ -149,6 +149,11 @@ impl PackedRhs {
         [self.k, self.n]
     }
 
+    /// The bytes its panels hold (the columns padded to whole panels).
+    pub fn bytes(&self) -> usize {
+        self.panels.len() * size_of::<f32>()
+    }
+
     /// Panel `p`: `k × NR` values.
     pub(crate) fn panel(&self, p: usize) -> &[f32] {
         &self.panels[p * self.k * NR..(p + 1) * self.k * NR]

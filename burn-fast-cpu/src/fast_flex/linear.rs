@@ -72,11 +72,9 @@ fn forward_f32(x: &FlexTensor, weight: &FlexTensor, bias: Option<&FlexTensor>) -
     let bias = bias.map(f32_values);
     if (MIN_PACKED_ROWS..=STREAMED_WEIGHT_ROWS).contains(&m) && kept(weight) {
         // Few rows stream the weight: its panels, packed once, are read in order.
-        let [k, _] = matrix_dims(weight);
-        let packed =
-            weights::prepared(weight, Form::PackedF32, n.div_ceil(32) * 32 * k * 4, || {
-                sgemm::PackedRhs::pack(flex_view::matrix::<f32>(weight))
-            });
+        let packed = weights::prepared(weight, Form::PackedF32, || {
+            sgemm::PackedRhs::pack(flex_view::matrix::<f32>(weight))
+        });
         let epilogue = sgemm::Epilogue {
             bias: bias.as_deref(),
             ..Default::default()
@@ -116,15 +114,12 @@ fn in_rows_order<E: flex_view::FlexFloat, R>(
     product: impl FnOnce(MatRef<'_, E>) -> R,
 ) -> R {
     let (rows, cols, _, col_stride) = weight.layout().as_2d_strides().expect("a rank-2 weight");
-    if col_stride == 1 || rows * cols == 0 || !kept(weight) {
+    // (A contiguous layout with a stride on a dimension of one is read in place too: its
+    // `contiguous` form would be the weight's own buffer, which an entry must not hold.)
+    if col_stride == 1 || weight.layout().is_contiguous() || rows * cols == 0 || !kept(weight) {
         return product(flex_view::matrix::<E>(weight));
     }
-    let copy = weights::prepared(
-        weight,
-        Form::Contiguous,
-        rows * cols * size_of::<E>(),
-        || flex_view::contiguous(weight),
-    );
+    let copy = weights::prepared(weight, Form::Contiguous, || flex_view::contiguous(weight));
     product(flex_view::matrix::<E>(&copy))
 }
 

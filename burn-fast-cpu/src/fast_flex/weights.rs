@@ -29,6 +29,24 @@ use burn::tensor::{Bytes, DType};
 /// weights), so that a process serving several models does not double its memory unbounded.
 pub(super) const CAPACITY: usize = 1 << 30;
 
+/// A prepared form's size, counted against [`CAPACITY`].
+pub(super) trait Footprint: Any + Send + Sync {
+    /// The bytes it holds.
+    fn bytes(&self) -> usize;
+}
+
+impl Footprint for burn_cpu_kernels::sgemm::PackedRhs {
+    fn bytes(&self) -> usize {
+        burn_cpu_kernels::sgemm::PackedRhs::bytes(self)
+    }
+}
+
+impl Footprint for FlexTensor {
+    fn bytes(&self) -> usize {
+        FlexTensor::bytes(self).len()
+    }
+}
+
 /// What an entry holds for its weight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Form {
@@ -77,12 +95,11 @@ impl Cache {
 
 static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
 
-/// `weight`'s prepared `form`: the kept one, or `make()`'s (`bytes` large), kept if it fits.
-/// `make` runs outside the lock; two threads missing at once both prepare, and one keeps it.
-pub(super) fn prepared<V: Any + Send + Sync>(
+/// `weight`'s prepared `form`: the kept one, or `make()`'s, kept if it fits. `make` runs
+/// outside the lock; two threads missing at once both prepare, and one keeps it.
+pub(super) fn prepared<V: Footprint>(
     weight: &FlexTensor,
     form: Form,
-    bytes: usize,
     make: impl FnOnce() -> V,
 ) -> Arc<V> {
     let buffer = weight.data_arc();
@@ -106,6 +123,7 @@ pub(super) fn prepared<V: Any + Send + Sync>(
         cache.purge();
     }
     let value = Arc::new(make());
+    let bytes = value.bytes();
     let mut cache = lock();
     let cache = cache.get_or_insert_with(Cache::default);
     if cache.bytes + bytes <= CAPACITY {
@@ -135,6 +153,15 @@ mod tests {
     use crate::flex_view;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    /// A form that claims a size, for the capacity.
+    struct Claimed(usize);
+
+    impl Footprint for Claimed {
+        fn bytes(&self) -> usize {
+            self.0
+        }
+    }
+
     fn weight(seed: f32) -> FlexTensor {
         flex_view::tensor((0..12).map(|i| i as f32 + seed).collect::<Vec<_>>(), [3, 4])
     }
@@ -156,9 +183,11 @@ mod tests {
     fn a_kept_form_is_reused_until_its_buffer_changes() {
         let made = AtomicUsize::new(0);
         let make = |t: &FlexTensor| {
-            prepared(t, Form::Contiguous, 48, || {
+            prepared(t, Form::Contiguous, || {
                 made.fetch_add(1, Ordering::SeqCst);
-                flex_view::values::<f32>(t).unwrap().to_vec()
+                // A copy: a form holding the weight's own buffer would keep it alive.
+                let values = flex_view::values::<f32>(t).unwrap().to_vec();
+                flex_view::tensor(values, t.layout().shape().clone())
             })
         };
         let w = weight(0.0);
@@ -168,7 +197,7 @@ mod tests {
         assert_eq!(made.load(Ordering::SeqCst), 1);
         // The transposed view is another layout of the same buffer: another form.
         let t = w.clone().with_layout(w.layout().transpose(0, 1));
-        let _ = prepared(&t, Form::Contiguous, 48, || 0u8);
+        let _ = prepared(&t, Form::Contiguous, || Claimed(48));
         // No writing in place while a form is kept: `try_storage_mut` refuses, and
         // `storage_mut` (copy-on-write) moves the values to a new buffer.
         let mut w = w;
@@ -179,7 +208,8 @@ mod tests {
         assert_ne!(address(&w), before);
         let changed = make(&w);
         assert_eq!(made.load(Ordering::SeqCst), 2);
-        assert_eq!((first[0], changed[0]), (0.0, 100.0));
+        let first_value = |t: &FlexTensor| flex_view::values::<f32>(t).unwrap()[0];
+        assert_eq!((first_value(&first), first_value(&changed)), (0.0, 100.0));
         // The old buffer is gone (only the kept `Weak` held it): its forms are dropped.
         assert!(!kept(before));
         let now = address(&w);
@@ -194,8 +224,9 @@ mod tests {
         let w = weight(1.0);
         let made = AtomicUsize::new(0);
         for _ in 0..2 {
-            let _ = prepared(&w, Form::PackedF32, CAPACITY + 1, || {
-                made.fetch_add(1, Ordering::SeqCst)
+            let _ = prepared(&w, Form::PackedF32, || {
+                made.fetch_add(1, Ordering::SeqCst);
+                Claimed(CAPACITY + 1)
             });
         }
         assert_eq!(made.load(Ordering::SeqCst), 2);
