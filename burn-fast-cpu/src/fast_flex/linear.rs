@@ -79,9 +79,7 @@ fn forward_f32(x: &FlexTensor, weight: &FlexTensor, bias: Option<&FlexTensor>) -
             bias: bias.as_deref(),
             ..Default::default()
         };
-        if n > 0 {
-            sgemm::matmul_packed(&mut dst, n, rows.view(), &packed, epilogue, true);
-        }
+        sgemm::matmul_packed(&mut dst, n, rows.view(), &packed, epilogue, true);
     } else {
         in_rows_order::<f32, _>(weight, |w| {
             product_f32(&mut dst, n, rows.view(), w, bias.as_deref())

@@ -15,12 +15,14 @@
 //!
 //! The cache holds at most [`CAPACITY`] bytes of prepared forms; past it a weight is prepared
 //! for the call alone, as before. A training step's weights are new buffers at every step,
-//! so they are prepared (packed, as `sgemm` packs at every call anyway) and dropped the step
-//! after; only weights that stay, an inference model's, are reused.
+//! so they are prepared once a step and dropped the step after: a copy of each weight per
+//! step, where the step's products have 8 to 64 rows or its weights are transposed (with
+//! more rows `sgemm` packs at every call anyway). Only weights that stay, an inference
+//! model's, are reused.
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{Bytes, DType};
@@ -93,7 +95,7 @@ impl Cache {
     }
 }
 
-static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
+static CACHE: LazyLock<Mutex<Cache>> = LazyLock::new(Mutex::default);
 
 /// `weight`'s prepared `form`: the kept one, or `make()`'s, kept if it fits. `make` runs
 /// outside the lock; two threads missing at once both prepare, and one keeps it.
@@ -114,7 +116,6 @@ pub(super) fn prepared<V: Footprint>(
     };
     {
         let mut cache = lock();
-        let cache = cache.get_or_insert_with(Cache::default);
         if let Some(entry) = cache.entries.get(&key)
             && let Ok(value) = entry.value.clone().downcast::<V>()
         {
@@ -125,7 +126,6 @@ pub(super) fn prepared<V: Footprint>(
     let value = Arc::new(make());
     let bytes = value.bytes();
     let mut cache = lock();
-    let cache = cache.get_or_insert_with(Cache::default);
     if cache.bytes + bytes <= CAPACITY {
         let entry = Entry {
             buffer: Arc::downgrade(&buffer),
@@ -141,7 +141,7 @@ pub(super) fn prepared<V: Footprint>(
 }
 
 /// The cache, whatever a panicking holder left (every entry is whole when inserted).
-fn lock() -> std::sync::MutexGuard<'static, Option<Cache>> {
+fn lock() -> MutexGuard<'static, Cache> {
     CACHE
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -172,7 +172,6 @@ mod tests {
 
     fn kept(buffer: usize) -> bool {
         let mut cache = lock();
-        let cache = cache.get_or_insert_with(Cache::default);
         cache.purge();
         cache.entries.keys().any(|key| key.buffer == buffer)
     }
